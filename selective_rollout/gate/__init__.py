@@ -1,0 +1,42 @@
+"""The gate library: divergence features, gate policies, incremental tracking, evaluation.
+
+Pure Python plus the C ``editdistance`` library; no Ray and no torch, so it can be reused by
+any trainer (see selective_rollout/integrations).
+"""
+
+from selective_rollout.gate.distance import END, levenshtein_c, levenshtein_py, prefix_edit_distance
+from selective_rollout.gate.features import divergence_features
+from selective_rollout.gate.policies import (
+    GATES,
+    Gate,
+    GateDecision,
+    GroupState,
+    NoGate,
+    OracleGate,
+    PrefixEditGate,
+    TwoAxisGate,
+    build_gate,
+    features_at,
+    register_gate,
+)
+from selective_rollout.gate.tracker import DivergenceTracker
+
+__all__ = [
+    "END",
+    "GATES",
+    "DivergenceTracker",
+    "Gate",
+    "GateDecision",
+    "GroupState",
+    "NoGate",
+    "OracleGate",
+    "PrefixEditGate",
+    "TwoAxisGate",
+    "build_gate",
+    "divergence_features",
+    "features_at",
+    "levenshtein_c",
+    "levenshtein_py",
+    "prefix_edit_distance",
+    "register_gate",
+]

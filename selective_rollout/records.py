@@ -1,0 +1,255 @@
+"""Record types every layer reads: steps, trajectories, groups, learner experience.
+
+They live at the bottom of the stack (DESIGN.md 2.1.1) because the gate evaluation, the
+coordinator, the learner's packing and the run report all consume them. They are plain
+dataclasses with a stable JSON form so that ``rollouts.jsonl`` written by one version of the
+coordinator stays readable by the offline gate evaluation (schema in docs/rollouts_schema.md).
+No torch, no Ray here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(str, Enum):
+    """What happened to a group; decides whether it reaches the learner."""
+
+    COMPLETED = "completed"  # ran to the end, kept for training
+    CUT = "cut"  # stopped by the gate mid-trajectory, never trained on
+    AUDITED = "audited"  # stopped by the gate but run on in shadow to measure precision
+    FILTERED = "filtered"  # ran to the end, dropped afterwards (e.g. DAPO zero variance)
+    SKIPPED = "skipped"  # never started (pre-rollout skipping)
+    FAILED = "failed"  # an engine or env worker died under it
+
+
+class TrajectoryStatus(str, Enum):
+    FINISHED = "finished"  # the environment said done
+    TRUNCATED = "truncated"  # hit the step cap
+    CUT = "cut"  # its group was stopped by the gate
+    FAILED = "failed"
+
+
+@dataclass
+class Step:
+    """One turn: the policy's reply mapped to a command and the environment's answer.
+
+    ``prompt_tokens`` counts the whole prompt of this turn's engine call (what a lock-step,
+    prefix-cache-free loop such as the paper's processes), so ``step_tokens`` is comparable
+    across engines; what an engine actually re-used from its KV cache is a system metric.
+    """
+
+    action: str
+    valid: bool = True
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reward: float = 0.0
+    done: bool = False
+
+    @property
+    def step_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class Trajectory:
+    """One of the G rollouts of a group."""
+
+    index: int
+    steps: list[Step] = field(default_factory=list)
+    reward: float | None = None  # final reward; None while running or when cut unaudited
+    won: bool = False
+    status: TrajectoryStatus = TrajectoryStatus.FINISHED
+
+    @property
+    def actions(self) -> list[str]:
+        return [s.action for s in self.steps]
+
+    @property
+    def ended(self) -> bool:
+        """True when the episode is over by the environment's word (not by a cut)."""
+        return self.status in (TrajectoryStatus.FINISHED, TrajectoryStatus.TRUNCATED)
+
+    @property
+    def step_tokens(self) -> list[int]:
+        return [s.step_tokens for s in self.steps]
+
+
+@dataclass
+class GateRecord:
+    """The gate's verdict on a group, as logged."""
+
+    step: int
+    stop: bool
+    reason: str
+    features: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GroupRecord:
+    """A group of G trajectories of one task: one line of ``rollouts.jsonl``."""
+
+    group_id: str
+    task_id: str
+    task_type: str
+    trajectories: list[Trajectory]
+    outcome: Outcome = Outcome.COMPLETED
+    iteration: int = 0
+    gate: GateRecord | None = None
+    wall_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def g(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def has_final_rewards(self) -> bool:
+        return all(r is not None for r in self.rewards)
+
+    @property
+    def zero_variance(self) -> bool | None:
+        """True when all final rewards are equal (no GRPO signal); None when unknown."""
+        if not self.has_final_rewards:
+            return None
+        rewards = [float(r) for r in self.rewards]  # type: ignore[arg-type]
+        return max(rewards) - min(rewards) <= 1e-9
+
+    @property
+    def step_tokens(self) -> int:
+        return sum(sum(t.step_tokens) for t in self.trajectories)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = self.outcome.value
+        for t in d["trajectories"]:
+            t["status"] = TrajectoryStatus(t["status"]).value
+        return {"schema": SCHEMA_VERSION, **d}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupRecord:
+        schema = d.get("schema", SCHEMA_VERSION)
+        if schema != SCHEMA_VERSION:
+            raise ValueError(f"unsupported rollouts schema version {schema} (this reader: {SCHEMA_VERSION})")
+        trajectories = [
+            Trajectory(
+                index=int(t["index"]),
+                steps=[Step(**s) for s in t.get("steps", [])],
+                reward=None if t.get("reward") is None else float(t["reward"]),
+                won=bool(t.get("won", False)),
+                status=TrajectoryStatus(t.get("status", "finished")),
+            )
+            for t in d["trajectories"]
+        ]
+        gate = d.get("gate")
+        return cls(
+            group_id=str(d["group_id"]),
+            task_id=str(d["task_id"]),
+            task_type=str(d.get("task_type", "")),
+            trajectories=trajectories,
+            outcome=Outcome(d.get("outcome", "completed")),
+            iteration=int(d.get("iteration", 0)),
+            gate=GateRecord(**gate) if gate else None,
+            wall_s=float(d.get("wall_s", 0.0)),
+            meta=dict(d.get("meta", {})),
+        )
+
+
+class RolloutLogError(ValueError):
+    """A rollouts.jsonl line that cannot be read (named by file and line)."""
+
+
+def read_groups(path: str | Path) -> Iterator[GroupRecord]:
+    """Yield the groups of a rollouts.jsonl file.
+
+    A torn last line (a crash mid-write) is skipped with a warning, since every earlier line
+    was flushed whole; a bad line anywhere else is an error naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"rollouts file not found: {path}")
+    with path.open() as fh:
+        lines = fh.readlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield GroupRecord.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            if lineno == len(lines) and not line.endswith("\n"):
+                log.warning("%s:%d: skipping a torn last line (%s)", path, lineno, exc)
+                continue
+            raise RolloutLogError(f"{path}:{lineno}: not a valid group record: {exc}") from exc
+
+
+class GroupWriter:
+    """Appends groups to rollouts.jsonl, one flushed line each, so a crash loses nothing finished."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a")
+
+    def write(self, group: GroupRecord) -> None:
+        self._fh.write(group.to_json() + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> GroupWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Experience:
+    """One trajectory as the learner consumes it: the whole multi-turn dialogue, packed.
+
+    ``loss_mask`` is 1 on the policy's own tokens (its replies), 0 on prompts and
+    observations; ``old_logprobs`` holds the sampling engine's log-probs on masked tokens and 0
+    elsewhere. Advantages are computed by the learner from ``reward`` grouped by ``group_id``.
+    """
+
+    group_id: str
+    task_id: str
+    task_type: str
+    token_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    reward: float
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.old_logprobs) != n:
+            raise ValueError(
+                f"experience {self.group_id}: token_ids ({n}), loss_mask ({len(self.loss_mask)}) "
+                f"and old_logprobs ({len(self.old_logprobs)}) must have one length"
+            )
+        if not math.isfinite(self.reward):
+            raise ValueError(f"experience {self.group_id}: reward must be finite, got {self.reward}")
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.loss_mask)
+
