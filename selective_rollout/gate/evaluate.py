@@ -1,0 +1,281 @@
+"""Offline evaluation of gates on logged rollouts (``rollouts.jsonl``).
+
+For every gate and (K, tau) it answers the questions a user asks before turning the gate on:
+how many groups would it cut (TP/FP/FN), how precise is it, how well does D_K rank groups
+(AUROC, Spearman against non-zero variance), how many rollout step-tokens would it save, what
+fraction of the oracle's savings is that, and how much of the GRPO advantage signal survives.
+
+Only groups whose final rewards are known are evaluated (completed, filtered or audited ones);
+a group cut without audit has no label.
+
+Usage: python -m selective_rollout.gate.evaluate --rollouts FILE --out DIR [--k 5,10,15]
+       [--tau 0.02:0.30:0.02] [--gates prefix_edit,two_axis] [--t-high 0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import mannwhitneyu, spearmanr
+
+from selective_rollout.gate.distance import prefix_edit_distance
+from selective_rollout.gate.policies import Gate, GroupState, build_gate
+from selective_rollout.records import GroupRecord, read_groups
+
+EPS = 1e-6
+
+
+@dataclass
+class LabelledGroup:
+    """A logged group reduced to what gate evaluation needs."""
+
+    actions: list[list[str]]
+    ended: list[bool]
+    step_tokens: list[list[int]]
+    rewards: list[float]
+
+    @property
+    def zero_variance(self) -> bool:
+        return max(self.rewards) - min(self.rewards) <= 1e-9
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(sum(t) for t in self.step_tokens)
+
+    def tokens_after(self, k: int) -> int:
+        """Step-tokens the group spends after step k: what a cut at k saves."""
+        return sum(sum(t[k:]) for t in self.step_tokens)
+
+    def advantage_sq(self) -> float:
+        """Squared L2 norm of the group's GRPO advantages (r - mean) / (std + eps)."""
+        r = np.asarray(self.rewards, dtype=float)
+        a = (r - r.mean()) / (r.std() + EPS)
+        return float((a**2).sum())
+
+
+@dataclass
+class GateRow:
+    gate: str
+    k: int
+    tau: float
+    n_groups: int
+    n_zero_var: int
+    tp: int
+    fp: int
+    fn: int
+    tn: int
+    precision: float
+    recall: float
+    auroc: float
+    spearman: float
+    tokens_saved_frac: float
+    oracle_saved_frac: float
+    frac_of_oracle: float
+    adv_l2_preserved: float
+
+
+def labelled_groups(groups: Sequence[GroupRecord]) -> list[LabelledGroup]:
+    out = []
+    for g in groups:
+        if not g.has_final_rewards or g.g < 2:
+            continue
+        out.append(
+            LabelledGroup(
+                actions=[t.actions for t in g.trajectories],
+                ended=[True] * g.g,  # logged trajectories are whole: shorter than K means ended
+                step_tokens=[t.step_tokens for t in g.trajectories],
+                rewards=[float(t.reward) for t in g.trajectories],  # type: ignore[arg-type]
+            )
+        )
+    return out
+
+
+def ranking_quality(scores: Sequence[float], informative: Sequence[bool]) -> tuple[float, float]:
+    """AUROC and Spearman rho of a divergence score as a predictor of non-zero variance."""
+    pos = [s for s, y in zip(scores, informative, strict=True) if y]
+    neg = [s for s, y in zip(scores, informative, strict=True) if not y]
+    if not pos or not neg:
+        return math.nan, math.nan
+    u = mannwhitneyu(pos, neg, alternative="two-sided").statistic
+    auroc = float(u) / (len(pos) * len(neg))
+    rho = spearmanr(scores, [float(y) for y in informative]).statistic
+    return auroc, float(rho)
+
+
+def _savings(groups: Sequence[LabelledGroup], stops: Sequence[bool], k: int) -> float:
+    total = sum(g.total_tokens for g in groups)
+    saved = sum(g.tokens_after(k) for g, s in zip(groups, stops, strict=True) if s)
+    return saved / total if total else 0.0
+
+
+def evaluate_gate(gate: Gate, label: str, tau: float, groups: Sequence[LabelledGroup]) -> GateRow:
+    """Apply one gate at its K to every group and score its decisions against the outcomes."""
+    k = gate.k
+    stops = [
+        gate.decide(GroupState(g.actions, step=k, ended=g.ended, final_rewards=g.rewards)).stop
+        for g in groups
+    ]
+    zero = [g.zero_variance for g in groups]
+    tp = sum(s and z for s, z in zip(stops, zero, strict=True))
+    fp = sum(s and not z for s, z in zip(stops, zero, strict=True))
+    fn = sum(z and not s for s, z in zip(stops, zero, strict=True))
+    tn = len(groups) - tp - fp - fn
+    scores = [prefix_edit_distance(g.actions, k, g.ended) for g in groups]
+    auroc, rho = ranking_quality(scores, [not z for z in zero])
+    saved = _savings(groups, stops, k)
+    oracle = _savings(groups, zero, k)
+    adv_total = sum(g.advantage_sq() for g in groups)
+    adv_kept = sum(g.advantage_sq() for g, s in zip(groups, stops, strict=True) if not s)
+    return GateRow(
+        gate=label,
+        k=k,
+        tau=tau,
+        n_groups=len(groups),
+        n_zero_var=sum(zero),
+        tp=tp,
+        fp=fp,
+        fn=fn,
+        tn=tn,
+        precision=tp / (tp + fp) if tp + fp else math.nan,
+        recall=tp / (tp + fn) if tp + fn else math.nan,
+        auroc=auroc,
+        spearman=rho,
+        tokens_saved_frac=saved,
+        oracle_saved_frac=oracle,
+        frac_of_oracle=saved / oracle if oracle else math.nan,
+        adv_l2_preserved=math.sqrt(adv_kept / adv_total) if adv_total else 1.0,
+    )
+
+
+def sweep(
+    groups: Sequence[LabelledGroup],
+    ks: Sequence[int],
+    taus: Sequence[float],
+    gates: Sequence[str] = ("prefix_edit", "two_axis"),
+    t_high: float = 0.9,
+) -> list[GateRow]:
+    """Every requested gate over the K x tau grid, plus the oracle at each K."""
+    rows = []
+    for k in ks:
+        rows.append(evaluate_gate(build_gate("oracle", k=k), "oracle", math.nan, groups))
+        for name in gates:
+            for tau in taus:
+                params = {"tau": tau} if name == "prefix_edit" else {"d_low": tau, "t_high": t_high}
+                rows.append(evaluate_gate(build_gate(name, k=k, **params), name, tau, groups))
+    return rows
+
+
+def write_csv(rows: Sequence[GateRow], path: Path) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(GateRow.__dataclass_fields__))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(row).items()})
+
+
+def plot_pareto(rows: Sequence[GateRow], path: Path) -> None:
+    """Savings vs precision, one line per gate and K (points along tau), oracle as a star."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    keys = sorted({(r.gate, r.k) for r in rows if r.gate != "oracle"})
+    for gate, k in keys:
+        pts = [(r.tokens_saved_frac, r.precision) for r in rows if r.gate == gate and r.k == k]
+        pts = [(x, y) for x, y in pts if not math.isnan(y)]
+        if pts:
+            xs, ys = zip(*sorted(pts), strict=True)
+            ax.plot(np.array(xs) * 100, ys, marker="o", ms=3, label=f"{gate} K={k}")
+    for r in rows:
+        if r.gate == "oracle":
+            ax.scatter([r.tokens_saved_frac * 100], [1.0], marker="*", s=150, zorder=5)
+            ax.annotate(f"oracle K={r.k}", (r.tokens_saved_frac * 100, 1.0), fontsize=8,
+                        xytext=(4, -10), textcoords="offset points")
+    ax.axhline(0.9, color="grey", ls="--", lw=0.8)
+    ax.set_xlabel("rollout step-tokens saved (%)")
+    ax.set_ylabel("precision (cut groups that were truly zero-variance)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Gate Pareto front: savings vs precision")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k must be comma-separated integers, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {text!r}")
+    return ks
+
+
+def parse_taus(text: str) -> list[float]:
+    """``a:b:step`` (inclusive) or a comma list."""
+    try:
+        if ":" in text:
+            lo, hi, step = (float(x) for x in text.split(":"))
+            if step <= 0:
+                raise ValueError
+            taus = [round(x, 6) for x in np.arange(lo, hi + step / 2, step)]
+        else:
+            taus = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tau must be lo:hi:step or a comma list, got {text!r}") from None
+    if not taus or min(taus) < 0 or max(taus) > 1:
+        raise argparse.ArgumentTypeError(f"--tau values must lie in [0, 1], got {text!r}")
+    return taus
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m selective_rollout.gate.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rollouts", required=True, type=Path, help="rollouts.jsonl (one group per line)")
+    parser.add_argument("--out", required=True, type=Path, help="output folder for gate_eval.csv/.png")
+    parser.add_argument("--k", type=parse_ks, default=[5, 10, 15])
+    parser.add_argument("--tau", type=parse_taus, default=parse_taus("0.02:0.30:0.02"))
+    parser.add_argument("--gates", default="prefix_edit,two_axis")
+    parser.add_argument("--t-high", type=float, default=0.9, help="two_axis termination threshold")
+    args = parser.parse_args(argv)
+    try:
+        groups = labelled_groups(list(read_groups(args.rollouts)))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not groups:
+        print(f"error: {args.rollouts} holds no group with known final rewards to evaluate", file=sys.stderr)
+        return 2
+    try:
+        rows = sweep(groups, args.k, args.tau, [g for g in args.gates.split(",") if g], args.t_high)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.out / "gate_eval.csv")
+    plot_pareto(rows, args.out / "gate_pareto.png")
+    n_zero = sum(g.zero_variance for g in groups)
+    print(f"{len(groups)} groups ({n_zero} zero-variance); wrote {args.out / 'gate_eval.csv'} "
+          f"and {args.out / 'gate_pareto.png'}")
+    for k in args.k:
+        best = max((r for r in rows if r.k == k and r.gate == "prefix_edit" and r.precision >= 0.9),
+                   key=lambda r: r.tokens_saved_frac, default=None)
+        if best is not None:
+            print(f"K={k}: best prefix_edit at precision>=0.9: tau={best.tau} saves "
+                  f"{best.tokens_saved_frac:.1%} ({best.frac_of_oracle:.0%} of oracle)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

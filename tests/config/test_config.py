@@ -1,0 +1,43 @@
+"""Config loading: YAML + dotted overrides, strict validation with one clear error line."""
+
+import pytest
+
+from selective_rollout.config import ConfigError, dump_config, load_config
+
+
+def test_overrides_apply_over_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: demo\ngate:\n  tau: 0.2\n  k: 5\n")
+    cfg = load_config(path, ["gate.tau=0.1", "rollout.group_size=4"])
+    assert (cfg.name, cfg.gate.tau, cfg.gate.k, cfg.rollout.group_size) == ("demo", 0.1, 5, 4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["gate.tua=0.1"], r"gate\.tua: unknown key"),
+        (["gate.tau=1.5"], r"gate\.tau: .*less than or equal to 1"),
+        (["gate.k=abc"], r"gate\.k: .*integer"),
+        (["rollout.group_size=1"], r"rollout\.group_size"),
+        (["nonsense"], "section.key=value"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(None, overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gate: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(None, ["gate.tau=0.07", "seed=3"])
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg

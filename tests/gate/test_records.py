@@ -1,0 +1,58 @@
+"""rollouts.jsonl round-trips and survives a torn last line."""
+
+import pytest
+
+from selective_rollout.records import (
+    Experience,
+    GateRecord,
+    GroupRecord,
+    GroupWriter,
+    Outcome,
+    RolloutLogError,
+    Step,
+    Trajectory,
+    TrajectoryStatus,
+    read_groups,
+)
+
+
+def _group(gid="g0"):
+    return GroupRecord(
+        group_id=gid,
+        task_id="train/t0",
+        task_type="pick_heat_then_place_in_recep",
+        trajectories=[
+            Trajectory(0, [Step("go to x", True, 100, 5, 0.0, False)], reward=None, status=TrajectoryStatus.CUT),
+            Trajectory(1, [Step("look", False, 100, 7, 0.0, False)], reward=None, status=TrajectoryStatus.CUT),
+        ],
+        outcome=Outcome.CUT,
+        gate=GateRecord(step=1, stop=True, reason="D_1=0 < 0.1", features={"prefix_edit_distance": 0.0}),
+    )
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with GroupWriter(path) as w:
+        w.write(_group("a"))
+        w.write(_group("b"))
+    groups = list(read_groups(path))
+    assert [g.group_id for g in groups] == ["a", "b"]
+    assert groups[0] == _group("a")
+    assert groups[0].zero_variance is None and groups[0].step_tokens == 212
+
+
+def test_torn_last_line_is_skipped_but_inner_damage_is_an_error(tmp_path):
+    path = tmp_path / "r.jsonl"
+    line = _group().to_json()
+    path.write_text(line + "\n" + line[: len(line) // 2])
+    assert len(list(read_groups(path))) == 1
+    path.write_text(line[: len(line) // 2] + "\n" + line + "\n")
+    with pytest.raises(RolloutLogError, match=r"r.jsonl:1"):
+        list(read_groups(path))
+
+
+def test_experience_validates_lengths():
+    with pytest.raises(ValueError, match="one length"):
+        Experience("g", "t", "x", [1, 2], [1], [0.0, 0.0], 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        Experience("g", "t", "x", [1], [1], [0.0], float("nan"))
