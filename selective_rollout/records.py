@@ -120,7 +120,7 @@ class GroupRecord:
 
     @property
     def has_final_rewards(self) -> bool:
-        return all(r is not None for r in self.rewards)
+        return bool(self.trajectories) and all(r is not None for r in self.rewards)
 
     @property
     def zero_variance(self) -> bool | None:
@@ -228,7 +228,9 @@ class Experience:
 
     ``loss_mask`` is 1 on the policy's own tokens (its replies), 0 on prompts and
     observations; ``old_logprobs`` holds the sampling engine's log-probs on masked tokens and 0
-    elsewhere. Advantages are computed by the learner from ``reward`` grouped by ``group_id``.
+    elsewhere. Advantages are computed by the learner from ``reward`` grouped by ``group_id``, one
+    reward per ``trajectory`` (a long dialogue cut into history-window segments yields several
+    Experiences of one trajectory).
     """
 
     group_id: str
@@ -238,6 +240,7 @@ class Experience:
     loss_mask: list[int]
     old_logprobs: list[float]
     reward: float
+    trajectory: int = 0  # index within the group: segments of one trajectory share it and its reward
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -9,8 +9,19 @@ from selective_rollout.config.base import Section
 
 class RolloutConfig(Section):
     strategy: Literal["none", "dapo", "preskip", "selective", "selective+dapo"] = "selective"
+    mode: Literal["concurrent", "lockstep"] = Field(
+        "concurrent", description="lockstep = the paper's loop: one group at a time, all G in lock-step"
+    )
     group_size: int = Field(8, ge=2, description="G: trajectories per task")
-    groups_per_iteration: int = Field(4, ge=1)
-    refill: bool = True
+    groups_per_iteration: int = Field(4, ge=1, description="target trainable groups per iteration")
+    refill: bool = Field(True, description="start a new task whenever a group is cut or filtered")
+    max_groups_factor: float = Field(
+        3.0, ge=1.0, description="cap on groups started per iteration, as a multiple of the target"
+    )
     max_groups_in_flight: int = Field(4, ge=1)
-    audit_frac: float = Field(0.0, ge=0.0, le=1.0)
+    max_steps: int = Field(15, ge=1, description="step cap per trajectory (truncation)")
+    audit_frac: float = Field(0.0, ge=0.0, le=1.0, description="share of gate-stopped groups run on in shadow")
+    preskip_window: int = Field(1, ge=1)
+    preskip_explore: float = Field(0.1, ge=0.0, le=1.0)
+    retry_failed: bool = Field(True, description="retry a group once when its engine or env worker died")
+

@@ -1,0 +1,389 @@
+"""GroupCoordinator: turns a stream of tasks into a batch of finished, trainable groups.
+
+It is the only place where engines, environments and gates meet (DESIGN.md 2.1). Groups run
+concurrently (up to ``max_groups_in_flight``) and, inside a group, each trajectory runs at its
+own pace, so while one waits on the environment others generate and the engines batch
+requests across groups. A group the gate stops is cancelled at once (its in-flight engine
+requests aborted, its episodes closed, its KV sessions released) and, with ``refill``, the
+next task starts immediately: that is how saved tokens become saved wall-clock (DESIGN.md 2.2).
+
+``mode: lockstep`` reproduces the paper's loop (one group at a time, all G trajectories in
+lock-step, every turn one batched engine round and one environment step) for fair A/B runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ray.exceptions import RayActorError, RayTaskError
+
+from selective_rollout.config import RunConfig
+from selective_rollout.gate import NoGate, build_gate
+from selective_rollout.records import Experience, GroupRecord, GroupWriter, Outcome, Step, TrajectoryStatus
+from selective_rollout.rollout.engines import SamplingParams
+from selective_rollout.rollout.group import GroupRun, TrajectoryRun
+from selective_rollout.rollout.strategies import build_strategy
+
+if TYPE_CHECKING:
+    from selective_rollout.rollout.agent import Agent
+
+log = logging.getLogger(__name__)
+
+WORKER_DIED = (RayActorError, RayTaskError, ConnectionError)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of the task stream: a game and its identity."""
+
+    game_dir: str
+    task_id: str
+    task_type: str
+
+
+class GroupFailed(RuntimeError):
+    """An engine or environment worker died under a group."""
+
+
+@dataclass
+class RolloutBatch:
+    """What one iteration's rollout hands the learner and the logger."""
+
+    experiences: list[Experience]
+    groups: list[GroupRecord]
+    metrics: dict[str, float]
+    tasks_consumed: int  # how far the task cursor moved (skipped tasks included)
+    kept_group_ids: list[str] = field(default_factory=list)
+
+
+class GroupCoordinator:
+    """Runs gated group rollouts over engines (Ray actors) and an EnvPool.
+
+    Wrap it with ``ray.remote`` to run it as an actor (see ``create_coordinator``); it is also
+    usable in-process, which is how its unit tests drive it.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        engines: Sequence[Any],
+        env_pool: Any,
+        agent: Agent,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("the coordinator needs at least one rollout engine")
+        self.cfg = cfg
+        self.rc = cfg.rollout
+        self.engines = list(engines)
+        self.env = env_pool
+        self.agent = agent
+        self.strategy = build_strategy(
+            self.rc.strategy, window=self.rc.preskip_window, explore=self.rc.preskip_explore, seed=cfg.seed
+        )
+        self.gate = build_gate(cfg.gate.name, **cfg.gate.params()) if self.strategy.uses_gate else NoGate()
+        self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
+        self._rng = random.Random(cfg.seed)
+        self._group_seq = 0
+        self._engine_rr = 0
+        self._dead_engines: set[int] = set()
+        self._tokens = 0
+        self._env_steps = 0
+
+    # ------------------------------------------------------------------ scheduling
+    async def rollout(self, tasks: Sequence[Task], iteration: int = 0) -> RolloutBatch:
+        """Roll out groups from ``tasks`` (in order) until the iteration's batch is complete.
+
+        With ``refill`` the batch is topped up to ``groups_per_iteration`` trainable groups
+        (cut, filtered and failed groups are replaced by new tasks) up to a cap of
+        ``max_groups_factor`` x target started groups; without it exactly the target number of
+        groups is started and cut ones simply leave the batch (the paper's protocol).
+        """
+        target = self.rc.groups_per_iteration
+        cap = target if not self.rc.refill else max(target, int(target * self.rc.max_groups_factor))
+        in_flight_cap = 1 if self.rc.mode == "lockstep" else self.rc.max_groups_in_flight
+        start_tokens, start_steps, t0 = self._tokens, self._env_steps, time.perf_counter()
+        cursor, started = 0, 0
+        retries: list[Task] = []
+        retried: set[str] = set()
+        kept: list[GroupRun] = []
+        records: list[GroupRecord] = []
+        running: dict[asyncio.Task, tuple[Task, GroupRun]] = {}
+
+        def want_more() -> bool:
+            if started >= cap:
+                return False
+            return len(kept) + len(running) < target
+
+        while True:
+            while want_more() and (retries or cursor < len(tasks)) and len(running) < in_flight_cap:
+                if retries:
+                    task = retries.pop(0)
+                else:
+                    task = tasks[cursor]
+                    cursor += 1
+                    if not self.strategy.admit(task.task_id):
+                        records.append(self._skipped_record(task, iteration))
+                        continue
+                group = self._new_group(task)
+                runner = self._run_group_lockstep if self.rc.mode == "lockstep" else self._run_group
+                running[asyncio.create_task(runner(task, group))] = (task, group)
+                started += 1
+            if not running:
+                break
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                task, group = running.pop(fut)
+                exc = fut.exception()
+                if exc is not None and not isinstance(exc, GroupFailed):
+                    await _cancel_all(running)
+                    raise exc
+                if exc is not None:
+                    group.failure = str(exc)
+                    if self.rc.retry_failed and task.task_id not in retried:
+                        retried.add(task.task_id)
+                        retries.append(task)
+                zero = group.zero_variance()
+                keep = group.failure is None and not group.fired and (zero is None or self.strategy.keep(zero))
+                outcome = group.outcome(keep)
+                self.strategy.observe(task.task_id, zero)
+                record = group.to_record(iteration, outcome, {"engine": group.engine_index})
+                records.append(record)
+                if self.writer is not None:
+                    self.writer.write(record)
+                if outcome is Outcome.COMPLETED:
+                    kept.append(group)
+        metrics = self._metrics(records, kept, time.perf_counter() - t0, start_tokens, start_steps)
+        experiences = [e for g in kept for e in g.experiences()]
+        return RolloutBatch(experiences, records, metrics, cursor, [g.group_id for g in kept])
+
+    def _new_group(self, task: Task) -> GroupRun:
+        self._group_seq += 1
+        audit = self._rng.random() < self.rc.audit_frac
+        group = GroupRun(f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, audit)
+        group.engine_index = self._pick_engine()
+        return group
+
+    def _skipped_record(self, task: Task, iteration: int) -> GroupRecord:
+        self._group_seq += 1
+        record = GroupRecord(f"g{self._group_seq}", task.task_id, task.task_type, [], Outcome.SKIPPED, iteration)
+        if self.writer is not None:
+            self.writer.write(record)
+        return record
+
+    def _pick_engine(self) -> int:
+        alive = [i for i in range(len(self.engines)) if i not in self._dead_engines]
+        if not alive:
+            raise RuntimeError("every rollout engine has died; the rollout cannot continue")
+        self._engine_rr += 1
+        return alive[self._engine_rr % len(alive)]
+
+    # ------------------------------------------------------------------ one group
+    async def _open_group(self, task: Task, group: GroupRun) -> None:
+        try:
+            states = await self.env.reset_group(task.game_dir, self.rc.group_size)
+        except WORKER_DIED as exc:
+            raise GroupFailed(f"env worker died while opening {task.task_id}: {exc}") from exc
+        for i, st in enumerate(states):
+            if st.failed:
+                raise GroupFailed(f"env worker failed opening {task.task_id}: {st.failed}")
+            traj = TrajectoryRun(i, st.episode_id, f"{group.group_id}-t{i}")
+            traj.conversation = self.agent.start(st.task, st.obs, st.admissible)
+            traj.admissible = st.admissible
+            traj.segment.add_prompt(traj.conversation.prompt_ids)
+            group.trajectories.append(traj)
+
+    async def _run_group(self, task: Task, group: GroupRun) -> None:
+        """Concurrent mode: every trajectory runs at its own pace; the gate may cancel them all."""
+        await self._open_group(task, group)
+        loops = [asyncio.create_task(self._trajectory_loop(group, t)) for t in group.trajectories]
+        try:
+            while loops:
+                done, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    fut.result()
+                loops = list(pending)
+                if group.stopped:
+                    await self._cancel(group, loops)
+                    loops = []
+        except GroupFailed:
+            await self._cancel(group, loops)
+            raise
+        finally:
+            await self._close(group)
+
+    async def _trajectory_loop(self, group: GroupRun, traj: TrajectoryRun) -> None:
+        engine = self.engines[group.engine_index]
+        while traj.live and not group.stopped:
+            completion = await self._generate(group, traj, engine, session=True)
+            if completion is None or group.stopped:
+                return
+            state = await self._env_step(group, {traj.episode_id: completion[0]})
+            self._apply(group, traj, completion, state[traj.episode_id])
+
+    async def _run_group_lockstep(self, task: Task, group: GroupRun) -> None:
+        """The paper's loop: each turn all live trajectories generate, then all step together."""
+        await self._open_group(task, group)
+        engine = self.engines[group.engine_index]
+        try:
+            while not group.stopped:
+                live = [t for t in group.trajectories if t.live]
+                if not live:
+                    return
+                completions = await asyncio.gather(
+                    *(self._generate(group, t, engine, session=False) for t in live)
+                )
+                actions = {t.episode_id: c[0] for t, c in zip(live, completions, strict=True)}
+                states = await self._env_step(group, actions)
+                for t, c in zip(live, completions, strict=True):
+                    self._apply(group, t, c, states[t.episode_id])
+        finally:
+            await self._close(group)
+
+    async def _generate(self, group: GroupRun, traj: TrajectoryRun, engine: Any, session: bool):
+        """One engine call for one trajectory; returns (command, valid, completion) or None on abort."""
+        sampling = self._sampling(traj)
+        traj.request_id = f"{traj.session_id}-s{len(traj.steps)}"
+        prompt = traj.conversation.prompt_ids
+        try:
+            completion = await engine.generate.remote(
+                traj.request_id, prompt, sampling, traj.session_id if session else None
+            )
+        except WORKER_DIED as exc:
+            self._dead_engines.add(group.engine_index)
+            raise GroupFailed(f"engine {group.engine_index} died during {traj.request_id}: {exc}") from exc
+        finally:
+            traj.request_id = None
+        out = completion.outputs[0]
+        if out.finish_reason == "abort":
+            return None
+        parsed = self.agent.parse(out.text, traj.admissible)
+        self._tokens += len(out.token_ids)
+        return parsed.command, parsed.valid, completion
+
+    def _sampling(self, traj: TrajectoryRun) -> SamplingParams:
+        ec = self.cfg.engine
+        return self.agent.sampling(
+            traj.admissible,
+            SamplingParams(max_tokens=ec.max_new_tokens, temperature=ec.temperature, top_p=ec.top_p),
+        )
+
+    async def _env_step(self, group: GroupRun, actions: dict[str, str]) -> dict[str, Any]:
+        try:
+            states = await self.env.step(actions)
+        except WORKER_DIED as exc:
+            raise GroupFailed(f"env worker died stepping {group.group_id}: {exc}") from exc
+        for st in states.values():
+            if st.failed:
+                raise GroupFailed(f"env episode {st.episode_id} of {group.group_id} failed: {st.failed}")
+        self._env_steps += len(actions)
+        return states
+
+    def _apply(self, group: GroupRun, traj: TrajectoryRun, generated: tuple, state: Any) -> None:
+        """Record one step of one trajectory and extend its dialogue for the next turn."""
+        command, valid, completion = generated
+        out = completion.outputs[0]
+        traj.steps.append(
+            Step(
+                action=command,
+                valid=valid,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=len(out.token_ids),
+                reward=float(state.reward),
+                done=bool(state.done),
+            )
+        )
+        traj.segment.add_completion(list(out.token_ids), list(out.logprobs))
+        traj.won = bool(state.won)
+        if state.done or state.won:
+            traj.status = TrajectoryStatus.FINISHED
+        elif len(traj.steps) >= self.rc.max_steps:
+            traj.status = TrajectoryStatus.TRUNCATED
+        else:
+            traj.admissible = state.admissible
+            appended, new_segment = traj.conversation.extend(state.obs, state.admissible)
+            if new_segment:
+                traj.segments.append(type(traj.segment)())
+                traj.segment.add_prompt(traj.conversation.prompt_ids)
+            else:
+                traj.segment.add_prompt(appended)
+        group.after_step(traj)
+
+    async def _cancel(self, group: GroupRun, loops: list[asyncio.Task]) -> None:
+        """Stop a group now: abort its in-flight requests, then cancel its trajectory loops."""
+        in_flight = [t.request_id for t in group.trajectories if t.request_id]
+        if in_flight:
+            try:
+                await self.engines[group.engine_index].abort.remote(in_flight)
+            except WORKER_DIED:
+                log.warning("engine %d died while aborting %s", group.engine_index, group.group_id)
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _close(self, group: GroupRun) -> None:
+        """Free the group's episodes and KV sessions (also after a failure)."""
+        episodes = [t.episode_id for t in group.trajectories]
+        sessions = [t.session_id for t in group.trajectories]
+        try:
+            if episodes:
+                await self.env.close(episodes)
+            if sessions and group.engine_index not in self._dead_engines:
+                await self.engines[group.engine_index].release.remote(sessions)
+        except WORKER_DIED as exc:
+            log.warning("could not free the resources of %s: %s", group.group_id, exc)
+
+    # ------------------------------------------------------------------ metrics
+    def _metrics(
+        self, records: list[GroupRecord], kept: list[GroupRun], wall: float, tokens0: int, steps0: int
+    ) -> dict[str, float]:
+        outcomes = Counter(r.outcome for r in records)
+        labelled = [r for r in records if r.zero_variance is not None]
+        audited = [r for r in records if r.outcome is Outcome.AUDITED]
+        fired = [r for r in records if r.gate is not None and r.gate.stop]
+        tokens, steps = self._tokens - tokens0, self._env_steps - steps0
+        invalid = [s.valid for r in records for t in r.trajectories for s in t.steps]
+        metrics: dict[str, float] = {
+            "rollout/groups_started": float(sum(v for k, v in outcomes.items() if k is not Outcome.SKIPPED)),
+            "rollout/groups_completed": float(outcomes[Outcome.COMPLETED]),
+            "rollout/groups_cut": float(outcomes[Outcome.CUT]),
+            "rollout/groups_audited": float(outcomes[Outcome.AUDITED]),
+            "rollout/groups_filtered": float(outcomes[Outcome.FILTERED]),
+            "rollout/groups_skipped": float(outcomes[Outcome.SKIPPED]),
+            "rollout/groups_failed": float(outcomes[Outcome.FAILED]),
+            "rollout/zero_var_frac": sum(r.zero_variance for r in labelled) / len(labelled) if labelled else 0.0,
+            "rollout/step_tokens": float(sum(r.step_tokens for r in records)),
+            "rollout/env_steps": float(steps),
+            "rollout/invalid_action_frac": (1 - sum(invalid) / len(invalid)) if invalid else 0.0,
+            "rollout/success_rate": _mean([t.won for r in records for t in r.trajectories if t.reward is not None]),
+            "rollout/wall_s": wall,
+            "gate/fires": float(len(fired)),
+            "system/tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "system/env_steps_per_s": steps / wall if wall > 0 else 0.0,
+        }
+        if audited:
+            metrics["gate/audit_n"] = float(len(audited))
+            metrics["gate/audit_precision"] = sum(bool(r.zero_variance) for r in audited) / len(audited)
+        return metrics
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def _cancel_all(running: dict[asyncio.Task, Any]) -> None:
+    for fut in running:
+        fut.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
+def _mean(values: Sequence[bool]) -> float:
+    return sum(values) / len(values) if values else 0.0

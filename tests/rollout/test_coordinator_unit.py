@@ -1,0 +1,299 @@
+"""Coordinator logic with scripted doubles of the engine, env pool and agent (unit tests only).
+
+The integration tests (test_coordinator_integration.py) run the same coordinator over real Ray,
+the real ALFWorld engine and SmolLM2; here a scripted policy makes groups converge or diverge on
+purpose so that every scheduling rule can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from selective_rollout.config import load_config
+from selective_rollout.records import Outcome, read_groups
+from selective_rollout.rollout.coordinator import GroupCoordinator, Task
+from selective_rollout.rollout.engines import Completion, CompletionOutput, SamplingParams
+
+
+class _Remote:
+    """Gives an async function the ``.remote`` calling convention of a Ray actor method."""
+
+    def __init__(self, fn):
+        self.remote = fn
+
+
+@dataclass
+class ScriptedEngine:
+    """Replies with the action a script picks for (game, trajectory, step); slow enough to overlap."""
+
+    script: dict[str, callable]
+    delay: float = 0.01
+    aborted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    in_flight: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.generate = _Remote(self._generate)
+        self.abort = _Remote(self._abort)
+        self.release = _Remote(self._release)
+
+    async def _generate(self, request_id, prompt, sampling: SamplingParams, session_id=None):
+        # request ids look like g3-t1-s4: group, trajectory, step
+        _, t, s = request_id.rsplit("-", 2)
+        game = prompt[0]
+        event = self.in_flight[request_id] = asyncio.Event()
+        try:
+            await asyncio.wait_for(event.wait(), timeout=self.delay)
+            reason = "abort"
+        except asyncio.TimeoutError:
+            reason = "stop"
+        finally:
+            self.in_flight.pop(request_id, None)
+        text = self.script[GAMES[game]](int(t[1:]), int(s[1:])) if reason == "stop" else ""
+        return Completion(request_id, len(prompt), 0, [CompletionOutput(0, [7, 8], [-0.5, -0.25], text, reason)])
+
+    async def _abort(self, request_ids):
+        self.aborted += request_ids
+        for rid in request_ids:
+            if rid in self.in_flight:
+                self.in_flight[rid].set()
+
+    async def _release(self, session_ids):
+        self.released += session_ids
+
+
+GAMES = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose"]
+
+
+@dataclass
+class _State:
+    episode_id: str
+    obs: str = "obs"
+    admissible: list = field(default_factory=lambda: ["x"])
+    reward: float = 0.0
+    done: bool = False
+    won: bool = False
+    task: str = "task"
+    failed: str | None = None
+
+
+class ScriptedEnv:
+    """Episodes end when the action is 'win' (won) or 'quit' (lost)."""
+
+    def __init__(self, fail_games: set[str] = frozenset()):
+        self.open: set[str] = set()
+        self.closed: list[str] = []
+        self.fail_games = set(fail_games)
+        self.n = 0
+
+    async def reset_group(self, game_dir, g):
+        if game_dir in self.fail_games:
+            self.fail_games.discard(game_dir)  # fails once, like a worker that dies and restarts
+            raise ConnectionError("worker died")
+        states = []
+        for _ in range(g):
+            self.n += 1
+            eid = f"{game_dir}:{self.n}"
+            self.open.add(eid)
+            states.append(_State(eid))
+        return states
+
+    async def step(self, actions):
+        await asyncio.sleep(0.001)
+        out = {}
+        for eid, action in actions.items():
+            assert eid in self.open, f"step on closed episode {eid}"
+            out[eid] = _State(eid, won=action == "win", done=action in ("win", "quit"), reward=float(action == "win"))
+        return out
+
+    async def close(self, episode_ids):
+        for e in episode_ids:
+            self.open.discard(e)
+            self.closed.append(e)
+
+
+@dataclass
+class _Parsed:
+    command: str
+    valid: bool
+
+
+class _Conversation:
+    def __init__(self, game_index: int):
+        self.prompt_ids = [game_index, 1, 2]
+
+    def extend(self, obs, admissible):
+        self.prompt_ids = self.prompt_ids + [7, 8, 3]
+        return [3], False
+
+
+class ScriptedAgent:
+    def __init__(self):
+        self.game_of_task = {}
+
+    def start(self, task, obs, admissible):
+        return _Conversation(self.current)
+
+    def parse(self, text, admissible):
+        return _Parsed(text, bool(text))
+
+    def sampling(self, admissible, base):
+        return base
+
+
+# scripts: (trajectory index, step) -> action
+SCRIPTS = {
+    "converge_lose": lambda t, s: "quit" if s >= 8 else "go to shelf 1",
+    "diverge_mixed": lambda t, s: ("win" if t % 2 == 0 else "quit") if s >= 6 else f"go to place {t}-{s}",
+    "converge_win": lambda t, s: "win" if s >= 7 else "open fridge 1",
+    "diverge_lose": lambda t, s: "quit" if s >= 6 else f"look {t}-{s}",
+}
+
+
+class Coordinated:
+    """A coordinator wired to the doubles, with the game picked from the task's game_dir."""
+
+    def __init__(self, overrides, fail_games=frozenset(), run_dir=None):
+        cfg = load_config(None, ["rollout.group_size=4", "gate.k=3", "gate.tau=0.12", *overrides])
+        self.engine = ScriptedEngine(SCRIPTS)
+        self.env = ScriptedEnv(fail_games)
+        self.agent = ScriptedAgent()
+        self.c = GroupCoordinator(cfg, [self.engine], self.env, self.agent, run_dir)
+        original = self.c._open_group
+
+        async def open_group(task, group):
+            self.agent.current = GAMES.index(task.game_dir)
+            await original(task, group)
+
+        self.c._open_group = open_group
+
+    def run(self, games, iteration=0):
+        tasks = [Task(g, f"task-{i}-{g}", "pick_and_place_simple") for i, g in enumerate(games)]
+        return asyncio.run(self.c.rollout(tasks, iteration))
+
+
+def outcomes(batch):
+    return [(r.task_id.split("-", 2)[2], r.outcome) for r in batch.groups]
+
+
+def test_converged_group_is_cut_at_k_and_freed():
+    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.refill=false"])
+    batch = co.run(["converge_lose"])
+    (record,) = batch.groups
+    assert record.outcome is Outcome.CUT
+    assert record.gate.step == 3 and record.gate.stop
+    assert record.gate.features["prefix_edit_distance"] == 0.0
+    # every trajectory got to K = 3 actions; none ran to its end
+    assert all(3 <= len(t.steps) <= 4 and t.reward is None for t in record.trajectories)
+    assert co.env.open == set() and len(co.env.closed) == 4  # episodes closed
+    assert sorted(co.engine.released) == sorted(f"{record.group_id}-t{i}" for i in range(4))
+    assert not co.engine.in_flight  # nothing left generating
+    assert batch.experiences == []  # a cut group never reaches the learner
+
+
+def test_in_flight_requests_of_a_cut_group_are_aborted():
+    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.refill=false"])
+    co.engine.delay = 0.05
+    batch = co.run(["converge_lose"])
+    # trajectories that had already reached K were generating step K+1 when the gate fired
+    assert batch.groups[0].outcome is Outcome.CUT
+    assert co.engine.aborted, "the cut group's in-flight requests were not aborted"
+    assert all(rid.startswith(batch.groups[0].group_id) for rid in co.engine.aborted)
+
+
+def test_divergent_group_runs_to_the_end_and_trains():
+    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=1"])
+    batch = co.run(["diverge_mixed"])
+    (record,) = batch.groups
+    assert record.outcome is Outcome.COMPLETED and not record.gate.stop
+    assert [t.reward for t in record.trajectories] == [1.0, 0.0, 1.0, 0.0]
+    assert all(len(t.steps) == 7 for t in record.trajectories)
+    exps = batch.experiences
+    assert len(exps) == 4 and {e.reward for e in exps} == {0.0, 1.0}
+    # prompt tokens are masked out, the policy's own tokens are in the loss with their log-probs
+    e = exps[0]
+    assert e.token_ids[:3] == [1, 1, 2] and e.loss_mask[:3] == [0, 0, 0]
+    assert sum(e.loss_mask) == 2 * 7 and e.old_logprobs[3:5] == [-0.5, -0.25]
+
+
+def test_refill_keeps_the_batch_at_target():
+    games = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "diverge_mixed"]
+    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=2"])
+    batch = co.run(games)
+    kept = [r for r in batch.groups if r.outcome is Outcome.COMPLETED]
+    assert len(kept) == 2
+    assert sum(r.outcome is Outcome.CUT for r in batch.groups) == 2  # both converged groups cut, replaced
+    assert batch.metrics["rollout/groups_cut"] == 2 and batch.metrics["gate/fires"] == 2
+    # without refill the paper's protocol just shrinks the batch
+    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=2", "rollout.refill=false"])
+    batch = co.run(games)
+    assert [o for _, o in outcomes(batch)] == [Outcome.CUT, Outcome.COMPLETED]
+
+
+def test_dapo_drops_exactly_the_zero_variance_groups():
+    games = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "diverge_mixed"]
+    co = Coordinated(["rollout.strategy=dapo", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=1"])
+    batch = co.run(games)
+    assert outcomes(batch) == [
+        ("converge_lose", Outcome.FILTERED),
+        ("diverge_mixed", Outcome.COMPLETED),
+        ("converge_win", Outcome.FILTERED),
+        ("diverge_lose", Outcome.FILTERED),
+        ("diverge_mixed", Outcome.COMPLETED),
+    ]
+    assert all(r.gate is None for r in batch.groups)  # dapo never consults the gate
+    assert batch.metrics["rollout/zero_var_frac"] == pytest.approx(3 / 5)
+
+
+def test_none_strategy_trains_on_everything():
+    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=2"])
+    batch = co.run(["converge_lose", "converge_win"])
+    assert [o for _, o in outcomes(batch)] == [Outcome.COMPLETED, Outcome.COMPLETED]
+    assert len(batch.experiences) == 8 and batch.metrics["rollout/zero_var_frac"] == 1.0
+
+
+def test_audit_runs_cut_groups_in_shadow_and_measures_precision(tmp_path):
+    co = Coordinated(
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.audit_frac=1.0"], run_dir=tmp_path
+    )
+    batch = co.run(["converge_lose", "converge_win", "diverge_mixed"])
+    assert [o for _, o in outcomes(batch)] == [Outcome.AUDITED, Outcome.AUDITED, Outcome.COMPLETED]
+    audited = batch.groups[0]
+    assert all(t.reward == 0.0 and len(t.steps) == 9 for t in audited.trajectories)  # ran to the end
+    assert batch.metrics["gate/audit_precision"] == 1.0 and batch.metrics["gate/audit_n"] == 2
+    assert {e.group_id for e in batch.experiences} == {batch.groups[2].group_id}  # audited never train
+    logged = list(read_groups(tmp_path / "rollouts.jsonl"))
+    assert [g.outcome for g in logged] == [Outcome.AUDITED, Outcome.AUDITED, Outcome.COMPLETED]
+
+
+def test_preskip_skips_tasks_seen_zero_variance():
+    co = Coordinated(["rollout.strategy=preskip", "rollout.groups_per_iteration=1", "rollout.preskip_explore=0"])
+    first = co.run(["converge_lose"])
+    assert first.groups[0].zero_variance
+    tasks = [Task("converge_lose", "task-0-converge_lose", "x"), Task("diverge_mixed", "task-1-diverge_mixed", "x")]
+    second = asyncio.run(co.c.rollout(tasks, 1))
+    assert [g.outcome for g in second.groups] == [Outcome.SKIPPED, Outcome.COMPLETED]
+    assert second.tasks_consumed == 2
+
+
+def test_dead_env_worker_fails_only_its_group_and_is_retried():
+    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=2"], fail_games={"diverge_mixed"})
+    batch = co.run(["diverge_mixed", "diverge_lose"])
+    got = outcomes(batch)
+    assert ("diverge_mixed", Outcome.FAILED) in got
+    assert got.count(("diverge_mixed", Outcome.COMPLETED)) == 1  # the retry succeeded
+    assert ("diverge_lose", Outcome.COMPLETED) in got
+    assert batch.metrics["rollout/groups_failed"] == 1
+
+
+def test_lockstep_mode_matches_the_paper_loop():
+    co = Coordinated(["rollout.strategy=selective", "rollout.mode=lockstep", "rollout.groups_per_iteration=2"])
+    batch = co.run(["converge_lose", "diverge_mixed", "diverge_lose"])
+    assert [o for _, o in outcomes(batch)] == [Outcome.CUT, Outcome.COMPLETED, Outcome.COMPLETED]
+    cut = batch.groups[0]
+    # in lock-step every trajectory stops at exactly K actions
+    assert all(len(t.steps) == 3 for t in cut.trajectories)
+    assert not co.engine.aborted
