@@ -19,7 +19,11 @@ from collections.abc import Callable
 from selective_rollout.gate import DivergenceTracker, PrefixEditGate, levenshtein_py, prefix_edit_distance
 from selective_rollout.gate.policies import GroupState
 
-ACTIONS = [f"go to cabinet {i}" for i in range(1, 12)] + ["take pan 1 from stoveburner 1", "open fridge 1", "look"]
+ACTIONS = [f"go to cabinet {i}" for i in range(1, 12)] + [
+    "take pan 1 from stoveburner 1",
+    "open fridge 1",
+    "look",
+]
 
 
 def make_group(g: int, k: int, rng: random.Random) -> list[list[str]]:
@@ -53,12 +57,17 @@ def tracker_step_us(group: list[list[str]], k: int, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--step-s", type=float, default=0.12, help="reference rollout step time (s)")
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
     rng = random.Random(0)
-    header = f"{'G':>3} {'K':>3} | {'C lib us':>9} {'Python us':>10} {'speed-up':>8} | {'tracker us/step':>15} | {'C % of step':>11}"
+    header = (
+        f"{'G':>3} {'K':>3} | {'C lib us':>9} {'Python us':>10} {'speed-up':>8} | "
+        f"{'tracker us/step':>15} | {'C % of step':>11}"
+    )
     print(f"reference step: {args.step_s * 1000:.0f} ms (ALFWorld env step alone; LLM time not included)")
     print(header)
     print("-" * len(header))
@@ -68,11 +77,15 @@ def main() -> None:
             gate = PrefixEditGate(k=k, tau=0.12)
             state = GroupState(group, step=k)
             c_us = time_us(lambda gate=gate, state=state: gate.decide(state), args.repeats)
-            py_us = time_us(lambda group=group, k=k: prefix_edit_distance(group, k, lev=levenshtein_py),
-                            max(args.repeats // 10, 5))
+            py_us = time_us(
+                lambda group=group, k=k: prefix_edit_distance(group, k, lev=levenshtein_py),
+                max(args.repeats // 10, 5),
+            )
             tr_us = tracker_step_us(group, k, max(args.repeats // 10, 5))
             share = c_us / (args.step_s * 1e6) * 100
-            print(f"{g:>3} {k:>3} | {c_us:>9.1f} {py_us:>10.1f} {py_us / c_us:>7.1f}x | {tr_us:>15.1f} | {share:>10.3f}%")
+            speedup = py_us / c_us
+            cells = f"{c_us:>9.1f} {py_us:>10.1f} {speedup:>7.1f}x | {tr_us:>15.1f} | {share:>10.3f}%"
+            print(f"{g:>3} {k:>3} | {cells}")
 
 
 if __name__ == "__main__":

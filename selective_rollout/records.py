@@ -255,4 +255,3 @@ class Experience:
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.loss_mask)
-

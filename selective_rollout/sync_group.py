@@ -40,9 +40,7 @@ def make_sync_group(
     group_name: str = "weight-sync",
 ) -> dist.ProcessGroup:
     """Join (rank > 0) or host (rank 0) a standalone group; every rank must call it."""
-    store = dist.TCPStore(
-        host, port, world_size, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s)
-    )
+    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
     prefixed = dist.PrefixStore(group_name, store)
     if backend == "gloo":
         return dist.ProcessGroupGloo(prefixed, rank, world_size, timedelta(seconds=timeout_s))

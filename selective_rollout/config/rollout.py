@@ -20,8 +20,9 @@ class RolloutConfig(Section):
     )
     max_groups_in_flight: int = Field(4, ge=1)
     max_steps: int = Field(15, ge=1, description="step cap per trajectory (truncation)")
-    audit_frac: float = Field(0.0, ge=0.0, le=1.0, description="share of gate-stopped groups run on in shadow")
+    audit_frac: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of gate-stopped groups run on in shadow"
+    )
     preskip_window: int = Field(1, ge=1)
     preskip_explore: float = Field(0.1, ge=0.0, le=1.0)
     retry_failed: bool = Field(True, description="retry a group once when its engine or env worker died")
-

@@ -198,8 +198,13 @@ def plot_pareto(rows: Sequence[GateRow], path: Path) -> None:
     for r in rows:
         if r.gate == "oracle":
             ax.scatter([r.tokens_saved_frac * 100], [1.0], marker="*", s=150, zorder=5)
-            ax.annotate(f"oracle K={r.k}", (r.tokens_saved_frac * 100, 1.0), fontsize=8,
-                        xytext=(4, -10), textcoords="offset points")
+            ax.annotate(
+                f"oracle K={r.k}",
+                (r.tokens_saved_frac * 100, 1.0),
+                fontsize=8,
+                xytext=(4, -10),
+                textcoords="offset points",
+            )
     ax.axhline(0.9, color="grey", ls="--", lw=0.8)
     ax.set_xlabel("rollout step-tokens saved (%)")
     ax.set_ylabel("precision (cut groups that were truly zero-variance)")
@@ -240,8 +245,11 @@ def parse_taus(text: str) -> list[float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m selective_rollout.gate.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m selective_rollout.gate.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--rollouts", required=True, type=Path, help="rollouts.jsonl (one group per line)")
     parser.add_argument("--out", required=True, type=Path, help="output folder for gate_eval.csv/.png")
     parser.add_argument("--k", type=parse_ks, default=[5, 10, 15])
@@ -266,14 +274,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(rows, args.out / "gate_eval.csv")
     plot_pareto(rows, args.out / "gate_pareto.png")
     n_zero = sum(g.zero_variance for g in groups)
-    print(f"{len(groups)} groups ({n_zero} zero-variance); wrote {args.out / 'gate_eval.csv'} "
-          f"and {args.out / 'gate_pareto.png'}")
+    print(
+        f"{len(groups)} groups ({n_zero} zero-variance); wrote {args.out / 'gate_eval.csv'} "
+        f"and {args.out / 'gate_pareto.png'}"
+    )
     for k in args.k:
-        best = max((r for r in rows if r.k == k and r.gate == "prefix_edit" and r.precision >= 0.9),
-                   key=lambda r: r.tokens_saved_frac, default=None)
+        best = max(
+            (r for r in rows if r.k == k and r.gate == "prefix_edit" and r.precision >= 0.9),
+            key=lambda r: r.tokens_saved_frac,
+            default=None,
+        )
         if best is not None:
-            print(f"K={k}: best prefix_edit at precision>=0.9: tau={best.tau} saves "
-                  f"{best.tokens_saved_frac:.1%} ({best.frac_of_oracle:.0%} of oracle)")
+            print(
+                f"K={k}: best prefix_edit at precision>=0.9: tau={best.tau} saves "
+                f"{best.tokens_saved_frac:.1%} ({best.frac_of_oracle:.0%} of oracle)"
+            )
     return 0
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from itertools import combinations
+from itertools import combinations, pairwise
 
 from selective_rollout.gate.distance import END, check_group, intern, mean_pairwise_distance, padded_prefix
 
 
 def _bigrams(seq: Sequence[int]) -> set[tuple[int, int]]:
-    return set(zip(seq, seq[1:]))
+    return set(pairwise(seq))
 
 
 def bigram_jaccard_distance(prefixes: Sequence[Sequence[int]]) -> float:
@@ -59,9 +59,7 @@ def divergence_features(
         "unique_prefix_ratio": len({tuple(p) for p in prefixes}) / g,
         "unique_action_ratio": len(set(at_k)) / g,
         "bigram_jaccard_distance": bigram_jaccard_distance(prefixes),
-        "termination_frac": sum(
-            1 for a, e in zip(action_seqs, ends, strict=True) if e and len(a) <= k
-        ) / g,
+        "termination_frac": sum(1 for a, e in zip(action_seqs, ends, strict=True) if e and len(a) <= k) / g,
         "action_entropy": normalised_entropy(at_k),
     }
     if observations is not None:
@@ -69,4 +67,4 @@ def divergence_features(
     return features
 
 
-__all__ = ["END", "divergence_features", "bigram_jaccard_distance", "normalised_entropy"]
+__all__ = ["END", "bigram_jaccard_distance", "divergence_features", "normalised_entropy"]

@@ -152,7 +152,9 @@ class GroupCoordinator:
                         retried.add(task.task_id)
                         retries.append(task)
                 zero = group.zero_variance()
-                keep = group.failure is None and not group.fired and (zero is None or self.strategy.keep(zero))
+                keep = (
+                    group.failure is None and not group.fired and (zero is None or self.strategy.keep(zero))
+                )
                 outcome = group.outcome(keep)
                 self.strategy.observe(task.task_id, zero)
                 record = group.to_record(iteration, outcome, {"engine": group.engine_index})
@@ -168,13 +170,17 @@ class GroupCoordinator:
     def _new_group(self, task: Task) -> GroupRun:
         self._group_seq += 1
         audit = self._rng.random() < self.rc.audit_frac
-        group = GroupRun(f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, audit)
+        group = GroupRun(
+            f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, audit
+        )
         group.engine_index = self._pick_engine()
         return group
 
     def _skipped_record(self, task: Task, iteration: int) -> GroupRecord:
         self._group_seq += 1
-        record = GroupRecord(f"g{self._group_seq}", task.task_id, task.task_type, [], Outcome.SKIPPED, iteration)
+        record = GroupRecord(
+            f"g{self._group_seq}", task.task_id, task.task_type, [], Outcome.SKIPPED, iteration
+        )
         if self.writer is not None:
             self.writer.write(record)
         return record
@@ -309,6 +315,7 @@ class GroupCoordinator:
             traj.status = TrajectoryStatus.TRUNCATED
         else:
             traj.admissible = state.admissible
+            traj.conversation.add_completion(out.token_ids, out.text)
             appended, new_segment = traj.conversation.extend(state.obs, state.admissible)
             if new_segment:
                 traj.segments.append(type(traj.segment)())
@@ -359,11 +366,15 @@ class GroupCoordinator:
             "rollout/groups_filtered": float(outcomes[Outcome.FILTERED]),
             "rollout/groups_skipped": float(outcomes[Outcome.SKIPPED]),
             "rollout/groups_failed": float(outcomes[Outcome.FAILED]),
-            "rollout/zero_var_frac": sum(r.zero_variance for r in labelled) / len(labelled) if labelled else 0.0,
+            "rollout/zero_var_frac": sum(r.zero_variance for r in labelled) / len(labelled)
+            if labelled
+            else 0.0,
             "rollout/step_tokens": float(sum(r.step_tokens for r in records)),
             "rollout/env_steps": float(steps),
             "rollout/invalid_action_frac": (1 - sum(invalid) / len(invalid)) if invalid else 0.0,
-            "rollout/success_rate": _mean([t.won for r in records for t in r.trajectories if t.reward is not None]),
+            "rollout/success_rate": _mean(
+                [t.won for r in records for t in r.trajectories if t.reward is not None]
+            ),
             "rollout/wall_s": wall,
             "gate/fires": float(len(fired)),
             "system/tokens_per_s": tokens / wall if wall > 0 else 0.0,
@@ -387,3 +398,65 @@ async def _cancel_all(running: dict[asyncio.Task, Any]) -> None:
 
 def _mean(values: Sequence[bool]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+class CoordinatorActor:
+    """The coordinator as a Ray actor: builds its own EnvPool and Agent next to the loop.
+
+    The EnvPool lives inside this actor so that environment calls go straight from the
+    coordinator to the env workers without a hop through the driver.
+    """
+
+    def __init__(
+        self,
+        cfg_data: dict[str, Any],
+        engines: Sequence[Any],
+        model_path: str,
+        run_dir: str | None,
+        env_worker_options: dict[str, Any] | None = None,
+    ) -> None:
+        from alfworld_env import EnvPool
+        from selective_rollout.rollout.agent import Agent
+
+        cfg = RunConfig.model_validate(cfg_data)
+        self.pool = EnvPool(cfg.env.num_workers, env_worker_options)
+        agent = Agent.from_model(cfg.agent, model_path)
+        self.coordinator = GroupCoordinator(cfg, engines, self.pool, agent, run_dir)
+
+    async def rollout(self, tasks: Sequence[Task], iteration: int) -> RolloutBatch:
+        return await self.coordinator.rollout(tasks, iteration)
+
+    async def env_metrics(self) -> dict[str, float]:
+        return self.pool.metrics()
+
+    async def env_worker_pids(self) -> list[int]:
+        return self.pool.worker_pids()
+
+    async def shutdown(self) -> None:
+        self.coordinator.close()
+        self.pool.shutdown()
+
+
+def create_coordinator(
+    cfg: RunConfig,
+    engines: Sequence[Any],
+    model_path: str | Path,
+    run_dir: str | Path | None,
+    actor_options: dict[str, Any] | None = None,
+    env_worker_options: dict[str, Any] | None = None,
+) -> Any:
+    """Start the coordinator actor (it is light: one CPU share, mostly waiting on others)."""
+    import ray
+
+    options = {"num_cpus": 0.5, **(actor_options or {})}
+    return (
+        ray.remote(CoordinatorActor)
+        .options(**options)
+        .remote(
+            cfg.model_dump(mode="json"),
+            list(engines),
+            str(model_path),
+            None if run_dir is None else str(run_dir),
+            env_worker_options,
+        )
+    )

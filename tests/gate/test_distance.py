@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selective_rollout.gate import END, divergence_features, levenshtein_c, levenshtein_py, prefix_edit_distance
+from selective_rollout.gate import (
+    END,
+    divergence_features,
+    levenshtein_c,
+    levenshtein_py,
+    prefix_edit_distance,
+)
 from selective_rollout.gate.distance import padded_prefix
 
 ACTIONS = st.sampled_from(["go to cabinet 1", "go to cabinet 10", "take pan 1", "open fridge 1", "look"])
@@ -28,7 +34,9 @@ def test_hand_computed_pair():
     # a = x y z, b = x q z: one substitution over length 3
     assert prefix_edit_distance([["x", "y", "z"], ["x", "q", "z"]], 3) == pytest.approx(1 / 3)
     # three trajectories: d(a,b)=1/3, d(a,c)=0, d(b,c)=1/3 -> mean 2/9
-    assert prefix_edit_distance([["x", "y", "z"], ["x", "q", "z"], ["x", "y", "z"]], 3) == pytest.approx(2 / 9)
+    assert prefix_edit_distance([["x", "y", "z"], ["x", "q", "z"], ["x", "y", "z"]], 3) == pytest.approx(
+        2 / 9
+    )
 
 
 def test_only_first_k_actions_count():

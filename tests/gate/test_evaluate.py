@@ -9,7 +9,9 @@ from selective_rollout.gate.evaluate import main
 from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Step, Trajectory, TrajectoryStatus
 
 
-def _group(gid: str, actions: list[list[str]], rewards: list[float], outcome=Outcome.COMPLETED) -> GroupRecord:
+def _group(
+    gid: str, actions: list[list[str]], rewards: list[float], outcome=Outcome.COMPLETED
+) -> GroupRecord:
     trajs = [
         Trajectory(
             index=i,
@@ -20,8 +22,13 @@ def _group(gid: str, actions: list[list[str]], rewards: list[float], outcome=Out
         )
         for i, (acts, r) in enumerate(zip(actions, rewards, strict=True))
     ]
-    return GroupRecord(group_id=gid, task_id=f"task-{gid}", task_type="pick_and_place_simple",
-                       trajectories=trajs, outcome=outcome)
+    return GroupRecord(
+        group_id=gid,
+        task_id=f"task-{gid}",
+        task_type="pick_and_place_simple",
+        trajectories=trajs,
+        outcome=outcome,
+    )
 
 
 def write_example(path) -> None:
@@ -50,7 +57,9 @@ def test_cli_writes_csv_and_png(tmp_path, capsys):
     rollouts = tmp_path / "rollouts.jsonl"
     write_example(rollouts)
     out = tmp_path / "eval"
-    assert main(["--rollouts", str(rollouts), "--out", str(out), "--k", "5,10", "--tau", "0.05:0.15:0.05"]) == 0
+    assert (
+        main(["--rollouts", str(rollouts), "--out", str(out), "--k", "5,10", "--tau", "0.05:0.15:0.05"]) == 0
+    )
     rows = _rows(out)
     png = out / "gate_pareto.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000

@@ -22,8 +22,12 @@ def _group(gid="g0"):
         task_id="train/t0",
         task_type="pick_heat_then_place_in_recep",
         trajectories=[
-            Trajectory(0, [Step("go to x", True, 100, 5, 0.0, False)], reward=None, status=TrajectoryStatus.CUT),
-            Trajectory(1, [Step("look", False, 100, 7, 0.0, False)], reward=None, status=TrajectoryStatus.CUT),
+            Trajectory(
+                0, [Step("go to x", True, 100, 5, 0.0, False)], reward=None, status=TrajectoryStatus.CUT
+            ),
+            Trajectory(
+                1, [Step("look", False, 100, 7, 0.0, False)], reward=None, status=TrajectoryStatus.CUT
+            ),
         ],
         outcome=Outcome.CUT,
         gate=GateRecord(step=1, stop=True, reason="D_1=0 < 0.1", features={"prefix_edit_distance": 0.0}),

@@ -53,7 +53,9 @@ class ScriptedEngine:
         finally:
             self.in_flight.pop(request_id, None)
         text = self.script[GAMES[game]](int(t[1:]), int(s[1:])) if reason == "stop" else ""
-        return Completion(request_id, len(prompt), 0, [CompletionOutput(0, [7, 8], [-0.5, -0.25], text, reason)])
+        return Completion(
+            request_id, len(prompt), 0, [CompletionOutput(0, [7, 8], [-0.5, -0.25], text, reason)]
+        )
 
     async def _abort(self, request_ids):
         self.aborted += request_ids
@@ -106,7 +108,9 @@ class ScriptedEnv:
         out = {}
         for eid, action in actions.items():
             assert eid in self.open, f"step on closed episode {eid}"
-            out[eid] = _State(eid, won=action == "win", done=action in ("win", "quit"), reward=float(action == "win"))
+            out[eid] = _State(
+                eid, won=action == "win", done=action in ("win", "quit"), reward=float(action == "win")
+            )
         return out
 
     async def close(self, episode_ids):
@@ -125,8 +129,11 @@ class _Conversation:
     def __init__(self, game_index: int):
         self.prompt_ids = [game_index, 1, 2]
 
+    def add_completion(self, token_ids, text):
+        self.prompt_ids = self.prompt_ids + list(token_ids)
+
     def extend(self, obs, admissible):
-        self.prompt_ids = self.prompt_ids + [7, 8, 3]
+        self.prompt_ids = self.prompt_ids + [3]
         return [3], False
 
 
@@ -221,7 +228,9 @@ def test_divergent_group_runs_to_the_end_and_trains():
 
 def test_refill_keeps_the_batch_at_target():
     games = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "diverge_mixed"]
-    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=2"])
+    co = Coordinated(
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=2"]
+    )
     batch = co.run(games)
     kept = [r for r in batch.groups if r.outcome is Outcome.COMPLETED]
     assert len(kept) == 2
@@ -235,7 +244,9 @@ def test_refill_keeps_the_batch_at_target():
 
 def test_dapo_drops_exactly_the_zero_variance_groups():
     games = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "diverge_mixed"]
-    co = Coordinated(["rollout.strategy=dapo", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=1"])
+    co = Coordinated(
+        ["rollout.strategy=dapo", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=1"]
+    )
     batch = co.run(games)
     assert outcomes(batch) == [
         ("converge_lose", Outcome.FILTERED),
@@ -257,7 +268,8 @@ def test_none_strategy_trains_on_everything():
 
 def test_audit_runs_cut_groups_in_shadow_and_measures_precision(tmp_path):
     co = Coordinated(
-        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.audit_frac=1.0"], run_dir=tmp_path
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.audit_frac=1.0"],
+        run_dir=tmp_path,
     )
     batch = co.run(["converge_lose", "converge_win", "diverge_mixed"])
     assert [o for _, o in outcomes(batch)] == [Outcome.AUDITED, Outcome.AUDITED, Outcome.COMPLETED]
@@ -270,17 +282,24 @@ def test_audit_runs_cut_groups_in_shadow_and_measures_precision(tmp_path):
 
 
 def test_preskip_skips_tasks_seen_zero_variance():
-    co = Coordinated(["rollout.strategy=preskip", "rollout.groups_per_iteration=1", "rollout.preskip_explore=0"])
+    co = Coordinated(
+        ["rollout.strategy=preskip", "rollout.groups_per_iteration=1", "rollout.preskip_explore=0"]
+    )
     first = co.run(["converge_lose"])
     assert first.groups[0].zero_variance
-    tasks = [Task("converge_lose", "task-0-converge_lose", "x"), Task("diverge_mixed", "task-1-diverge_mixed", "x")]
+    tasks = [
+        Task("converge_lose", "task-0-converge_lose", "x"),
+        Task("diverge_mixed", "task-1-diverge_mixed", "x"),
+    ]
     second = asyncio.run(co.c.rollout(tasks, 1))
     assert [g.outcome for g in second.groups] == [Outcome.SKIPPED, Outcome.COMPLETED]
     assert second.tasks_consumed == 2
 
 
 def test_dead_env_worker_fails_only_its_group_and_is_retried():
-    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=2"], fail_games={"diverge_mixed"})
+    co = Coordinated(
+        ["rollout.strategy=none", "rollout.groups_per_iteration=2"], fail_games={"diverge_mixed"}
+    )
     batch = co.run(["diverge_mixed", "diverge_lose"])
     got = outcomes(batch)
     assert ("diverge_mixed", Outcome.FAILED) in got
@@ -290,7 +309,9 @@ def test_dead_env_worker_fails_only_its_group_and_is_retried():
 
 
 def test_lockstep_mode_matches_the_paper_loop():
-    co = Coordinated(["rollout.strategy=selective", "rollout.mode=lockstep", "rollout.groups_per_iteration=2"])
+    co = Coordinated(
+        ["rollout.strategy=selective", "rollout.mode=lockstep", "rollout.groups_per_iteration=2"]
+    )
     batch = co.run(["converge_lose", "diverge_mixed", "diverge_lose"])
     assert [o for _, o in outcomes(batch)] == [Outcome.CUT, Outcome.COMPLETED, Outcome.COMPLETED]
     cut = batch.groups[0]
