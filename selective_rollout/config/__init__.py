@@ -29,6 +29,8 @@ def _format_validation_error(err: ValidationError) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
             parts.append(f"{key}: unknown key")
+        elif not e["loc"]:
+            parts.append(str(e["msg"]).removeprefix("Value error, "))
         else:
             parts.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(parts)

@@ -423,8 +423,15 @@ class CoordinatorActor:
         agent = Agent.from_model(cfg.agent, model_path)
         self.coordinator = GroupCoordinator(cfg, engines, self.pool, agent, run_dir)
 
+        self.evaluator = GroupCoordinator(evaluation_config(cfg), engines, self.pool, agent, None)
+
     async def rollout(self, tasks: Sequence[Task], iteration: int) -> RolloutBatch:
         return await self.coordinator.rollout(tasks, iteration)
+
+    async def evaluate(self, tasks: Sequence[Task]) -> list[GroupRecord]:
+        """Held-out episodes with the current weights: one group of ``eval.tries`` per task."""
+        batch = await self.evaluator.rollout(tasks, iteration=-1)
+        return batch.groups
 
     async def env_metrics(self) -> dict[str, float]:
         return self.pool.metrics()
@@ -435,6 +442,23 @@ class CoordinatorActor:
     async def shutdown(self) -> None:
         self.coordinator.close()
         self.pool.shutdown()
+
+
+def evaluation_config(cfg: RunConfig) -> RunConfig:
+    """The run's config turned into held-out evaluation: no gate, no filter, every task once."""
+    ec = cfg.eval
+    rollout = cfg.rollout.model_copy(
+        update={
+            "strategy": "none",
+            "group_size": ec.tries,
+            "groups_per_iteration": ec.num_tasks,
+            "refill": False,
+            "audit_frac": 0.0,
+            "retry_failed": True,
+        }
+    )
+    engine = cfg.engine.model_copy(update={"temperature": 0.0} if ec.greedy else {})
+    return cfg.model_copy(update={"rollout": rollout, "engine": engine})
 
 
 def create_coordinator(

@@ -83,7 +83,8 @@ class GroupRun:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self.gate = gate
         self.audit = audit  # run on in shadow if the gate fires
-        self.tracker = DivergenceTracker(g)
+        # a single-episode group (held-out evaluation with one try) has no pairs to track
+        self.tracker = DivergenceTracker(g) if g >= 2 else None
         self.trajectories: list[TrajectoryRun] = []
         self.decision: GateRecord | None = None
         self.stopped = False  # the gate fired and the group is not audited: cancel it
@@ -94,6 +95,8 @@ class GroupRun:
 
     def after_step(self, traj: TrajectoryRun) -> None:
         """Feed the trajectory's newest action to the tracker, then consult the gate if due."""
+        if self.tracker is None:
+            return
         self.tracker.append(traj.index, traj.steps[-1].action)
         if not traj.live:
             self.tracker.end(traj.index)

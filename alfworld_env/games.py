@@ -1,0 +1,67 @@
+"""Finding playable games on disk: our generated tree or ALFWorld's official ``json_2.1.1``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from alfworld_env.generate import SPLITS, generate
+
+
+@dataclass(frozen=True)
+class GameInfo:
+    game_dir: str  # folder with game.tw-pddl (+ traj_data.json)
+    task_id: str  # "<split>/<path below the split>"
+    task_type: str
+
+
+def _split_root(root: str | Path, split: str, source: str) -> Path:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if source == "generated":
+        path = Path(root) / split
+        fix = f"generate it with `python -m alfworld_env.generate --out {root} --split {split} --n N`"
+    elif source == "official":
+        data = os.environ.get("ALFWORLD_DATA") or str(root)
+        path = Path(data) / "json_2.1.1" / split
+        fix = "download ALFWorld's data (`alfworld-download`) and set ALFWORLD_DATA to its folder"
+    else:
+        raise ValueError(f"unknown game source {source!r}; expected 'generated' or 'official'")
+    if not path.is_dir():
+        raise FileNotFoundError(f"no {source} games at {path}: {fix}")
+    return path
+
+
+def load_games(root: str | Path, split: str, source: str = "generated") -> list[GameInfo]:
+    """Every solvable game of a split, sorted by task id.
+
+    ``official`` reads ``$ALFWORLD_DATA/json_2.1.1/<split>`` (``root`` stands in when the variable
+    is unset) and, like ALFWorld, skips movable-receptacle and sliced tasks and games marked
+    unsolvable.
+    """
+    base = _split_root(root, split, source)
+    games = []
+    for traj in sorted(base.rglob("traj_data.json")):
+        folder = traj.parent
+        game_file = folder / "game.tw-pddl"
+        if not game_file.is_file() or "movable" in str(folder) or "Sliced" in str(folder):
+            continue
+        if not json.loads(game_file.read_text()).get("solvable", False):
+            continue
+        task_type = json.loads(traj.read_text())["task_type"]
+        games.append(GameInfo(str(folder), f"{split}/{folder.relative_to(base).as_posix()}", task_type))
+    if not games:
+        raise FileNotFoundError(f"no playable games (traj_data.json + solvable game.tw-pddl) under {base}")
+    return games
+
+
+def ensure_games(
+    root: str | Path, preset: str = "tiny", n_train: int = 60, n_valid: int = 12, seed: int = 0
+) -> Path:
+    """Generate train / valid_seen / valid_unseen under ``root`` unless already there (idempotent)."""
+    root = Path(root)
+    for split, n in (("train", n_train), ("valid_seen", n_valid), ("valid_unseen", n_valid)):
+        generate(root, split, n, seed=seed, preset=preset)
+    return root

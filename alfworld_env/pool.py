@@ -1,0 +1,230 @@
+"""EnvPool: many ALFWorld episodes served by a few Ray worker actors.
+
+A group (G episodes of one game) lives on one worker, so the game's file, logic and translation
+are loaded once for all G copies. A worker that dies is replaced by a fresh actor; every
+episode it hosted is reported once with ``failed`` set (never silently dropped) and new groups
+go to live workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+
+from alfworld_env import speedups
+from alfworld_env.engine import Episode
+
+_TASK_MARK = "Your task is to: "
+
+
+@dataclass
+class EpisodeState:
+    episode_id: str
+    obs: str
+    admissible: list[str]
+    reward: float = 0.0
+    done: bool = False
+    won: bool = False
+    task: str = ""
+    failed: str | None = None
+
+
+@dataclass
+class _WorkerStats:
+    steps: int = 0
+    step_s: float = 0.0
+    resets: int = 0
+    reset_s: float = 0.0
+
+
+class EnvWorker:
+    """Hosts episodes in one process (a Ray actor); see ``EnvPool`` for the contract."""
+
+    def __init__(self, parse_cache: bool = True) -> None:
+        speedups.enable(parse_cache=parse_cache, translation_cache=True)
+        self._episodes: dict[str, Episode] = {}
+        self._stats = _WorkerStats()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[tuple[str, list[str], bool]]:
+        start = time.perf_counter()
+        game_file = Path(game_dir) / "game.tw-pddl"
+        if not game_file.is_file():
+            raise FileNotFoundError(f"no game.tw-pddl in {game_dir}")
+        game = json.loads(game_file.read_text())
+        out = []
+        for eid in episode_ids:
+            ep = Episode(game)
+            ob = ep.reset()
+            self._episodes[eid] = ep
+            out.append((ob.obs, ob.admissible, ob.won))
+        self._stats.resets += 1
+        self._stats.reset_s += time.perf_counter() - start
+        return out
+
+    def step(self, actions: dict[str, str]) -> dict[str, tuple[str, list[str], bool] | str]:
+        """Per episode: (obs, admissible, won), or an error string for an unknown episode."""
+        out: dict[str, tuple[str, list[str], bool] | str] = {}
+        for eid, command in actions.items():
+            ep = self._episodes.get(eid)
+            if ep is None:
+                out[eid] = f"episode {eid} is not open on this env worker"
+                continue
+            start = time.perf_counter()
+            ob = ep.step(command)
+            self._stats.step_s += time.perf_counter() - start
+            self._stats.steps += 1
+            out[eid] = (ob.obs, ob.admissible, ob.won)
+        return out
+
+    def close(self, episode_ids: list[str]) -> None:
+        for eid in episode_ids:
+            ep = self._episodes.pop(eid, None)
+            if ep is not None:
+                ep.close()
+
+    def stats(self) -> dict[str, float]:
+        return {**self._stats.__dict__, "open": len(self._episodes)}
+
+
+@dataclass
+class _Slot:
+    actor: object
+    episodes: set[str] = field(default_factory=set)
+
+
+class EnvPool:
+    """Handle over ``num_workers`` EnvWorker actors; call from the driver or inside an actor."""
+
+    def __init__(
+        self, num_workers: int, worker_options: dict | None = None, parse_cache: bool = True
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"EnvPool needs at least one worker, got num_workers={num_workers}")
+        if not ray.is_initialized():
+            raise RuntimeError("EnvPool needs Ray: call ray.init() (or run inside a Ray actor) first")
+        self._options = {"num_cpus": 1, **(worker_options or {})}
+        self._parse_cache = parse_cache
+        self._slots = [_Slot(self._spawn()) for _ in range(num_workers)]
+        self._where: dict[str, int] = {}
+        self._failed: dict[str, str] = {}
+        self._ids = itertools.count()
+        self._restarts = 0
+        self._reset_s: list[float] = []
+
+    def _spawn(self):
+        return ray.remote(EnvWorker).options(**self._options).remote(self._parse_cache)
+
+    def worker_pids(self) -> list[int]:
+        return ray.get([s.actor.pid.remote() for s in self._slots])
+
+    def _replace(self, index: int, reason: str) -> None:
+        """The worker died: mark its episodes failed and put a fresh worker in its slot."""
+        slot = self._slots[index]
+        for eid in slot.episodes:
+            self._failed[eid] = f"env worker {index} died ({reason}); episode lost"
+            self._where.pop(eid, None)
+        ray.kill(slot.actor, no_restart=True)
+        self._slots[index] = _Slot(self._spawn())
+        self._restarts += 1
+
+    async def reset_group(self, game_dir: str, g: int) -> list[EpisodeState]:
+        """G independent episodes of one game on the least loaded worker."""
+        ids = [f"ep{next(self._ids)}" for _ in range(g)]
+        for _attempt in range(len(self._slots) + 1):
+            index = min(range(len(self._slots)), key=lambda i: len(self._slots[i].episodes))
+            slot = self._slots[index]
+            start = time.perf_counter()
+            try:
+                results = await slot.actor.reset_group.remote(game_dir, ids)
+            except RayActorError as exc:
+                self._replace(index, type(exc).__name__)
+                continue
+            self._reset_s.append(time.perf_counter() - start)
+            slot.episodes.update(ids)
+            self._where.update(dict.fromkeys(ids, index))
+            return [self._state(eid, r) for eid, r in zip(ids, results, strict=True)]
+        raise RuntimeError(f"could not open {g} episodes of {game_dir}: every env worker died")
+
+    @staticmethod
+    def _state(eid: str, result: tuple[str, list[str], bool]) -> EpisodeState:
+        obs, admissible, won = result
+        task = obs.split(_TASK_MARK, 1)[1].strip() if _TASK_MARK in obs else ""
+        return EpisodeState(eid, obs, admissible, float(won), won, won, task)
+
+    async def step(self, actions: dict[str, str]) -> dict[str, EpisodeState]:
+        """Step many episodes at once; each worker gets one call for all its episodes."""
+        out: dict[str, EpisodeState] = {}
+        by_worker: dict[int, dict[str, str]] = {}
+        for eid, command in actions.items():
+            if eid in self._failed:
+                out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid))
+            elif eid not in self._where:
+                raise KeyError(f"unknown or closed episode {eid!r}")
+            else:
+                by_worker.setdefault(self._where[eid], {})[eid] = command
+        calls = {i: self._slots[i].actor.step.remote(acts) for i, acts in by_worker.items()}
+        results = await asyncio.gather(*calls.values(), return_exceptions=True)
+        for index, result in zip(calls, results, strict=True):
+            if isinstance(result, RayActorError):
+                self._replace(index, type(result).__name__)
+                for eid in by_worker[index]:
+                    out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid))
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            for eid, r in result.items():
+                if isinstance(r, str):
+                    out[eid] = EpisodeState(eid, "", [], done=True, failed=r)
+                else:
+                    out[eid] = self._state(eid, r)
+        return out
+
+    async def close(self, episode_ids: Iterable[str]) -> None:
+        by_worker: dict[int, list[str]] = {}
+        for eid in episode_ids:
+            self._failed.pop(eid, None)
+            index = self._where.pop(eid, None)
+            if index is not None:
+                self._slots[index].episodes.discard(eid)
+                by_worker.setdefault(index, []).append(eid)
+        calls = {i: self._slots[i].actor.close.remote(ids) for i, ids in by_worker.items()}
+        results = await asyncio.gather(*calls.values(), return_exceptions=True)
+        for index, result in zip(calls, results, strict=True):
+            if isinstance(result, RayActorError):
+                self._replace(index, type(result).__name__)
+
+    def metrics(self) -> dict[str, float]:
+        stats = []
+        for s in self._slots:
+            try:
+                stats.append(ray.get(s.actor.stats.remote(), timeout=30))
+            except RayActorError:
+                continue
+        steps = sum(s["steps"] for s in stats)
+        step_s = sum(s["step_s"] for s in stats)
+        return {
+            "env/steps": float(steps),
+            "env/step_s_mean": step_s / steps if steps else 0.0,
+            "env/reset_s_mean": sum(self._reset_s) / len(self._reset_s) if self._reset_s else 0.0,
+            "env/resets": float(len(self._reset_s)),
+            "env/episodes_open": float(len(self._where)),
+            "env/restarts": float(self._restarts),
+        }
+
+    def shutdown(self) -> None:
+        for s in self._slots:
+            ray.kill(s.actor, no_restart=True)
+        self._slots = []
+        self._where.clear()

@@ -1,0 +1,152 @@
+"""Held-out evaluation: success rate overall and per task type, with a bootstrap 95% CI.
+
+The driver calls :func:`success_summary` on the groups the coordinator's evaluator returns
+(no gate, no filter, greedy or sampled, one or k tries per task). As a CLI it evaluates any
+HF model folder (an SFT warm start, an exported policy, a hub model on machines that have it):
+
+    python -m selective_rollout.evaluate --checkpoint DIR --split valid_unseen [--tries 3 --sampled]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from selective_rollout.config import ConfigError, RunConfig, load_config
+from selective_rollout.records import GroupRecord
+
+
+def bootstrap_ci(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """Percentile 95% CI of the mean, resampling tasks (not episodes, which share a task)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return (float("nan"), float("nan"))
+    if np.all(data == data[0]):
+        return (float(data[0]), float(data[0]))
+    rng = np.random.default_rng(seed)
+    means = rng.choice(data, size=(resamples, data.size), replace=True).mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return (float(lo), float(hi))
+
+
+def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Per-task success (mean over its tries), then the mean over tasks, overall and per type."""
+    per_task: list[float] = []
+    by_type: dict[str, list[float]] = defaultdict(list)
+    failed = 0
+    for g in groups:
+        done = [t for t in g.trajectories if t.reward is not None]
+        if not done:
+            failed += 1
+            continue
+        rate = sum(t.won for t in done) / len(done)
+        per_task.append(rate)
+        by_type[g.task_type].append(rate)
+    lo, hi = bootstrap_ci(per_task, resamples, seed)
+    return {
+        "success_rate": float(np.mean(per_task)) if per_task else float("nan"),
+        "ci95": [lo, hi],
+        "tasks": len(per_task),
+        "failed_tasks": failed,
+        "by_type": {
+            k: {"success_rate": float(np.mean(v)), "tasks": len(v)} for k, v in sorted(by_type.items())
+        },
+    }
+
+
+def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary as flat ``eval/`` metrics (DESIGN.md section 3)."""
+    out = {
+        "eval/success_rate": summary["success_rate"],
+        "eval/success_ci_low": summary["ci95"][0],
+        "eval/success_ci_high": summary["ci95"][1],
+        "eval/tasks": float(summary["tasks"]),
+    }
+    for task_type, s in summary["by_type"].items():
+        out[f"eval/success_rate/{task_type}"] = s["success_rate"]
+    return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lo, hi = summary["ci95"]
+    lines = [
+        f"success {summary['success_rate']:.1%} (95% CI {lo:.1%}..{hi:.1%}) over {summary['tasks']} tasks"
+    ]
+    lines += [
+        f"  {k:<34} {v['success_rate']:6.1%}  ({v['tasks']} tasks)" for k, v in summary["by_type"].items()
+    ]
+    if summary["failed_tasks"]:
+        lines.append(f"  {summary['failed_tasks']} task(s) failed (worker died twice) and are not counted")
+    return "\n".join(lines)
+
+
+def run_evaluation(cfg: RunConfig, model_path: str | Path) -> dict[str, Any]:
+    """Start Ray (or join RAY_ADDRESS), one engine on ``model_path``, and evaluate ``cfg.eval``."""
+    import ray
+
+    from selective_rollout.rollout.coordinator import create_coordinator
+    from selective_rollout.rollout.engines import create_engines
+    from selective_rollout.runtime import held_out_tasks, init_ray
+
+    init_ray(None)
+    tasks = held_out_tasks(cfg)
+    engines = create_engines(cfg.engine, Path(model_path), cfg.engine.num_engines)
+    coordinator = create_coordinator(cfg, engines, model_path, None)
+    try:
+        groups = ray.get(coordinator.evaluate.remote(tasks))
+    finally:
+        ray.get(coordinator.shutdown.remote())
+        ray.get([e.shutdown.remote() for e in engines])
+    return success_summary(groups, cfg.eval.bootstrap, cfg.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m selective_rollout.evaluate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--checkpoint", required=True, help="HF model folder, or a model alias")
+    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument("--split", default=None, choices=["train", "valid_seen", "valid_unseen"])
+    parser.add_argument("--num-tasks", type=int, default=None)
+    parser.add_argument("--tries", type=int, default=None)
+    parser.add_argument(
+        "--sampled", action="store_true", help="sample at the engine temperature instead of greedy"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write the summary as JSON here")
+    parser.add_argument(
+        "overrides", nargs="*", help="dotted config overrides, e.g. env.games_dir=data/games/tiny"
+    )
+    args = parser.parse_args(argv)
+    extra = [
+        f"eval.{k}={v}"
+        for k, v in (("split", args.split), ("num_tasks", args.num_tasks), ("tries", args.tries))
+        if v is not None
+    ]
+    if args.sampled:
+        extra.append("eval.greedy=false")
+    try:
+        cfg = load_config(args.config, [*args.overrides, *extra])
+        from selective_rollout.models import resolve_model
+
+        model_path = resolve_model(args.checkpoint, cfg.engine.model_cache_dir)
+        summary = run_evaluation(cfg, model_path)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

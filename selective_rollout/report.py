@@ -1,0 +1,201 @@
+"""The run report: what a user reads first. Built from metrics.jsonl and rollouts.jsonl.
+
+It states only what the run measured. Step-tokens a cut group would still have needed are
+unknown by construction; the report estimates them only from audited groups (gate stops that
+ran on in shadow) and says so, and points to ``bench/rollout_ab.py`` for a measured A/B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from selective_rollout.metrics_log import read_metrics
+from selective_rollout.records import GroupRecord, Outcome, read_groups
+
+
+def _tokens_after(group: GroupRecord, step: int) -> int:
+    return sum(sum(t.step_tokens[step:]) for t in group.trajectories)
+
+
+def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
+    """Counts, zero-variance share, gate precision and savings over the run's training groups."""
+    train = [g for g in groups if g.iteration >= 0]
+    outcomes = {o.value: sum(g.outcome is o for g in train) for o in Outcome}
+    labelled = [g for g in train if g.zero_variance is not None]
+    audited = [g for g in train if g.outcome is Outcome.AUDITED]
+    cut = [g for g in train if g.outcome is Outcome.CUT]
+    spent = sum(g.step_tokens for g in train)
+    summary: dict[str, Any] = {
+        "groups": len(train),
+        "outcomes": outcomes,
+        "zero_var_frac": sum(bool(g.zero_variance) for g in labelled) / len(labelled) if labelled else None,
+        "gate_fires": sum(1 for g in train if g.gate is not None and g.gate.stop),
+        "step_tokens_spent": spent,
+        "step_tokens_in_cut_groups": sum(g.step_tokens for g in cut),
+        "audited": len(audited),
+        "audit_precision": (sum(bool(g.zero_variance) for g in audited) / len(audited)) if audited else None,
+        "step_tokens_saved_est": None,
+        "step_tokens_saved_frac_est": None,
+    }
+    if audited and cut:
+        # tokens an audited group spent after its gate step = what a cut there saved
+        mean_after = sum(_tokens_after(g, g.gate.step) for g in audited) / len(audited)
+        saved = mean_after * len(cut)
+        summary["step_tokens_saved_est"] = saved
+        summary["step_tokens_saved_frac_est"] = saved / (spent + saved)
+    return summary
+
+
+def _fmt(value: Any, pct: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.1%}" if pct else (f"{value:,.0f}" if isinstance(value, (int, float)) else str(value))
+
+
+def plot_run(metrics: list[dict[str, Any]], groups: Sequence[GroupRecord], out: Path) -> list[Path]:
+    """PNG plots: success, groups cut/kept, step-tokens, wall per iteration, D_K histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [m for m in metrics if m["iteration"] >= 0 and "rollout/wall_s" in m]
+    x = [m["iteration"] for m in its]
+    paths = []
+
+    def series(key: str) -> list[float]:
+        return [m.get(key) or 0.0 for m in its]
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ax = axes[0][0]
+    ax.plot(x, series("rollout/success_rate"), marker="o", label="train rollouts (sampled)")
+    evals = [m for m in metrics if m.get("eval/success_rate") is not None]
+    if evals:
+        ax.errorbar(
+            [m["iteration"] for m in evals],
+            [m["eval/success_rate"] for m in evals],
+            yerr=[
+                [m["eval/success_rate"] - m["eval/success_ci_low"] for m in evals],
+                [m["eval/success_ci_high"] - m["eval/success_rate"] for m in evals],
+            ],
+            marker="s",
+            capsize=4,
+            label="held-out (95% CI)",
+        )
+    ax.set_title("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    for key, label in (
+        ("rollout/groups_completed", "kept"),
+        ("rollout/groups_cut", "cut by gate"),
+        ("rollout/groups_filtered", "filtered"),
+        ("rollout/groups_audited", "audited"),
+    ):
+        ax.plot(x, series(key), marker="o", label=label)
+    ax.set_title("groups per iteration")
+    ax.legend(fontsize=8)
+    ax = axes[1][0]
+    ax.bar(x, series("rollout/step_tokens"))
+    ax.set_title("rollout step-tokens per iteration")
+    ax = axes[1][1]
+    ax.bar(x, series("system/iteration_s"), label="iteration")
+    ax.plot(x, series("rollout/wall_s"), color="C1", marker="o", label="rollout")
+    ax.set_title("wall-clock per iteration (s)")
+    ax.legend(fontsize=8)
+    for a in axes.flat:
+        a.set_xlabel("iteration")
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "training_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    decided = [g for g in groups if g.gate is not None and "prefix_edit_distance" in g.gate.features]
+    if decided:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        buckets = {
+            "cut / audited": [g for g in decided if g.gate.stop],
+            "kept, zero variance": [g for g in decided if not g.gate.stop and g.zero_variance],
+            "kept, mixed rewards": [g for g in decided if not g.gate.stop and g.zero_variance is False],
+        }
+        data = [[g.gate.features["prefix_edit_distance"] for g in v] for v in buckets.values()]
+        ax.hist(data, bins=20, range=(0, 1), stacked=True, label=list(buckets))
+        ax.set_xlabel("D_K (prefix edit distance at the gate step)")
+        ax.set_ylabel("groups")
+        ax.set_title("D_K at the gate decision")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / "dk_histogram.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
+    """Write report.md, report.json and the plots into ``run_dir``; return report.md's path."""
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    rollouts = run_dir / "rollouts.jsonl"
+    groups = list(read_groups(rollouts)) if rollouts.is_file() else []
+    summary = rollout_summary(groups)
+    evals = state.get("eval", {})
+    plots = plot_run(metrics, groups, run_dir)
+    report = {
+        "run": run_dir.name,
+        "iterations": state.get("iteration", 0),
+        "wall_s": state.get("wall_s", 0.0),
+        "rollout": summary,
+        "eval": evals,
+        "plots": [p.name for p in plots],
+    }
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    before, after = evals.get("before"), evals.get("after")
+
+    def success(e: dict[str, Any] | None) -> str:
+        if not e:
+            return "n/a"
+        return f"{e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}..{e['ci95'][1]:.1%}, {e['tasks']} tasks)"
+
+    o = summary["outcomes"]
+    lines = [
+        f"# Run report: {run_dir.name}",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| iterations | {report['iterations']} |",
+        f"| wall-clock | {report['wall_s']:.0f} s |",
+        f"| groups started | {summary['groups'] - o['skipped']} (kept {o['completed']}, cut {o['cut']}, "
+        f"audited {o['audited']}, filtered {o['filtered']}, failed {o['failed']}, skipped {o['skipped']}) |",
+        f"| zero-variance share (groups with a known outcome) | {_fmt(summary['zero_var_frac'], True)} |",
+        f"| gate fires | {summary['gate_fires']} |",
+        f"| audited gate precision | {_fmt(summary['audit_precision'], True)} "
+        f"({summary['audited']} audited) |",
+        f"| rollout step-tokens spent | {_fmt(summary['step_tokens_spent'])} |",
+        f"| step-tokens saved (estimate from audited groups) | {_fmt(summary['step_tokens_saved_est'])} "
+        f"({_fmt(summary['step_tokens_saved_frac_est'], True)}) |",
+        f"| held-out success before | {success(before)} |",
+        f"| held-out success after | {success(after)} |",
+        "",
+        "Wall-clock saved by the gate is not measurable inside one run: compare arms on one task stream",
+        "with `python bench/rollout_ab.py` or `python -m selective_rollout.experiment`.",
+        "",
+    ]
+    if after and after.get("by_type"):
+        lines += [
+            "## Held-out success by task type (after)",
+            "",
+            "| task type | success | tasks |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {k} | {v['success_rate']:.1%} | {v['tasks']} |" for k, v in after["by_type"].items()]
+        lines.append("")
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

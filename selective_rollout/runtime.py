@@ -1,0 +1,71 @@
+"""Process-level plumbing shared by the driver, the evaluation CLI and the SFT warm start:
+joining or starting Ray, and turning the configured games into task streams."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+from selective_rollout.config import RunConfig
+from selective_rollout.rollout.coordinator import Task
+
+log = logging.getLogger(__name__)
+
+
+def init_ray(address: str | None, num_cpus: int | None = None) -> None:
+    """Join ``address`` (or ``RAY_ADDRESS``, as ``ray job submit`` sets it) or start a local
+    cluster on loopback without the dashboard. Idempotent inside one process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        log.info("joined Ray cluster at %s", address)
+        return
+    ray.init(
+        num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 1)),
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+    )
+
+
+def _games(cfg: RunConfig, split: str) -> list[Task]:
+    from alfworld_env import ensure_games, load_games
+
+    env = cfg.env
+    if env.source == "generated":
+        ensure_games(env.games_dir, preset=env.preset, seed=cfg.seed)
+    games = load_games(Path(env.games_dir), split, source=env.source)
+    return [Task(g.game_dir, g.task_id, g.task_type) for g in games]
+
+
+def held_out_tasks(cfg: RunConfig) -> list[Task]:
+    """The first ``eval.num_tasks`` tasks of the evaluation split (a fixed, comparable set)."""
+    tasks = _games(cfg, cfg.eval.split)
+    return tasks[: cfg.eval.num_tasks]
+
+
+def train_tasks(cfg: RunConfig) -> list[Task]:
+    return _games(cfg, "train")
+
+
+def task_stream(tasks: list[Task], seed: int, start: int = 0) -> Iterator[Task]:
+    """An endless stream of the tasks, reshuffled each epoch by ``seed``: every arm of an
+    experiment with the same seed sees the same tasks in the same order."""
+    if not tasks:
+        raise ValueError("the task list is empty")
+    position, epoch = 0, 0
+    while True:
+        order = list(tasks)
+        random.Random(seed * 100_003 + epoch).shuffle(order)
+        for task in order:
+            if position >= start:
+                yield task
+            position += 1
+        epoch += 1

@@ -1,0 +1,219 @@
+"""SFT warm start: behaviour-clone the solver's walkthroughs before RL.
+
+Unprompted SmolLM2-135M wins nothing on ALFWorld, and GRPO learns nothing from groups that
+all fail; standard practice for agent RL is a short supervised warm start. Each train game's
+walkthrough (written by our scripted solver) is replayed in the real ALFWorld engine to get the
+observations and admissible commands the policy will see, and rendered with the *same* prompt
+format and token-level dialogue building as RL rollouts (``Agent`` / ``Conversation``), so the
+cloned policy is evaluated and trained in exactly the format it learned. The loss is the mean
+negative log-likelihood of the expert's reply tokens (the RL loss mask), over the trainer's
+token-budget micro-batches.
+
+    python -m selective_rollout.sft --games data/games/tiny --out warm/ [--config ...] [--epochs 2]
+
+``make train`` uses a cached warm start (``warm_start.enabled``): built once per
+(model, games, budget) key, reused afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from selective_rollout.config import ConfigError, RunConfig, load_config
+from selective_rollout.records import Experience
+
+log = logging.getLogger(__name__)
+
+
+def expert_reply(action: str, action_format: str) -> str:
+    """The reply the policy should have written for ``action`` in its action format."""
+    if action_format == "react":
+        return f"Thought: the next step of the plan is to {action}.\nAction: {action}"
+    return action
+
+
+def expert_dialogue(game_dir: str | Path, agent, max_steps: int) -> list[Experience]:
+    """Replay a game's walkthrough in the real engine and render it as training sequences
+    (one per history-window segment, exactly as RL rollouts are packed)."""
+    from alfworld_env.engine import Episode
+
+    game = json.loads((Path(game_dir) / "game.tw-pddl").read_text())
+    walkthrough = list(game.get("walkthrough") or [])
+    if not walkthrough:
+        raise ValueError(f"{game_dir}: the game has no walkthrough to clone")
+    if len(walkthrough) > max_steps:
+        raise ValueError(
+            f"{game_dir}: walkthrough of {len(walkthrough)} steps exceeds rollout.max_steps={max_steps}"
+        )
+    episode = Episode(game)
+    try:
+        first = episode.reset()
+        task = first.obs.split("Your task is to:", 1)[-1].strip()
+        conv = agent.start(task, first.obs, first.admissible)
+        segments = [(list(conv.prompt_ids), [0] * len(conv.prompt_ids))]
+        tokenizer = agent.builder.tokenizer
+        won = False
+        for action in walkthrough:
+            reply = expert_reply(action, agent.cfg.action_format)
+            ids = list(tokenizer(reply, add_special_tokens=False).input_ids) + [agent.builder.eot_id]
+            segments[-1][0].extend(ids)
+            segments[-1][1].extend([1] * len(ids))
+            ob = episode.step(action)
+            won = ob.won
+            if won:
+                break
+            conv.add_completion(ids, reply)
+            appended, new_segment = conv.extend(ob.obs, ob.admissible)
+            if new_segment:
+                segments.append(([], []))
+            segments[-1][0].extend(appended)
+            segments[-1][1].extend([0] * len(appended))
+    finally:
+        episode.close()
+    if not won:
+        raise ValueError(f"{game_dir}: replaying the walkthrough did not win; the game or solver is broken")
+    return [
+        Experience(str(game_dir), str(game_dir), "", ids, mask, [0.0] * len(ids), 1.0, trajectory=0)
+        for ids, mask in segments
+    ]
+
+
+def train_sft(
+    model_path: Path, data: Sequence[Experience], cfg: RunConfig, out_dir: Path
+) -> dict[str, float]:
+    """Full or LoRA fine-tuning (as ``trainer.lora``) on the expert dialogues; saves an HF folder."""
+    from selective_rollout.trainer.modeling import hf_model, load_policy, merged_weights, token_logprobs
+    from selective_rollout.trainer.packing import collate, plan_micro_batches
+
+    torch.manual_seed(cfg.seed)
+    ws = cfg.warm_start
+    model = load_policy(model_path, cfg.trainer)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=ws.lr)
+    rng = random.Random(cfg.seed)
+    order = list(range(len(data)))
+    losses = []
+    for epoch in range(ws.epochs):
+        rng.shuffle(order)
+        plans = plan_micro_batches([len(data[i].token_ids) for i in order], cfg.trainer.micro_batch_tokens)
+        for plan in plans:
+            batch = [data[order[i]] for i in plan]
+            mb = collate(batch, [0.0] * len(batch))
+            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask)
+            loss = -(logp * mb.loss_mask).sum() / mb.loss_mask.sum().clamp(min=1)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm or float("inf"))
+            optimizer.step()
+            losses.append(float(loss))
+        log.info(
+            "sft epoch %d/%d: mean nll %.4f", epoch + 1, ws.epochs, sum(losses[-len(plans) :]) / len(plans)
+        )
+    base = hf_model(model)
+    if cfg.trainer.lora.enabled:
+        state = dict(merged_weights(model))
+        from transformers import AutoModelForCausalLM
+
+        plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        plain.load_state_dict(state, strict=False)
+        base = plain
+    base.save_pretrained(out_dir)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(out_dir)
+    return {"sft/final_nll": losses[-1], "sft/first_nll": losses[0], "sft/sequences": float(len(data))}
+
+
+def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
+    ws, t = cfg.warm_start, cfg.trainer
+    fields = [
+        str(model_path),
+        cfg.env.games_dir,
+        cfg.env.preset,
+        ws.games,
+        ws.epochs,
+        ws.lr,
+        cfg.seed,
+        cfg.agent.model_dump_json(),
+        t.lora.model_dump_json(),
+        t.micro_batch_tokens,
+        cfg.rollout.max_steps,
+    ]
+    return hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:16]
+
+
+def build_warm_start(
+    cfg: RunConfig, model_path: Path, games_root: str | Path, out_dir: Path
+) -> dict[str, float]:
+    """Clone the first ``warm_start.games`` train games into ``out_dir`` (written atomically)."""
+    from alfworld_env import load_games
+    from selective_rollout.rollout.agent import Agent
+
+    agent = Agent.from_model(cfg.agent, model_path)
+    games = load_games(games_root, "train", source=cfg.env.source)[: cfg.warm_start.games]
+    data = [e for g in games for e in expert_dialogue(g.game_dir, agent, cfg.rollout.max_steps)]
+    staging = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    stats = train_sft(model_path, data, cfg, staging)
+    (staging / "sft_stats.json").write_text(json.dumps(stats, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(staging, out_dir)
+    return stats
+
+
+def warm_start_model(cfg: RunConfig, model_path: Path) -> Path:
+    """The cached warm-started policy for this config, built on first use."""
+    from alfworld_env import ensure_games
+
+    out = Path(cfg.warm_start.cache_dir).expanduser() / warm_start_key(cfg, model_path)
+    if (out / "config.json").is_file():
+        log.info("warm start: using cached %s", out)
+        return out
+    if cfg.env.source == "generated":
+        ensure_games(cfg.env.games_dir, preset=cfg.env.preset, seed=cfg.seed)
+    log.info(
+        "warm start: cloning %d walkthroughs into %s (first use; cached after)", cfg.warm_start.games, out
+    )
+    build_warm_start(cfg, model_path, cfg.env.games_dir, out)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m selective_rollout.sft",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--games", required=True, type=Path, help="games root with a train/ split")
+    parser.add_argument("--out", required=True, type=Path, help="output HF model folder")
+    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.epochs=3")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from selective_rollout.models import resolve_model
+
+        model = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+        stats = build_warm_start(cfg, model, args.games, args.out)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(stats, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

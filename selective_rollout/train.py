@@ -1,0 +1,216 @@
+"""The training driver: rollout -> learner update -> weight sync -> evaluation -> logs -> checkpoint.
+
+    python -m selective_rollout.train --config configs/cpu_default.yaml [section.key=value ...]
+
+Starts a local Ray cluster, or joins one given by ``--ray-address`` / ``RAY_ADDRESS`` (what
+``ray job submit`` sets). Everything a run produces lands in its run folder (resolved config,
+metrics.jsonl, rollouts.jsonl, checkpoints, plots, report.md/json). Re-running with the same
+``train.run_dir`` resumes from the last complete checkpoint (``trainer.resume=auto``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from selective_rollout.config import ConfigError, RunConfig, dump_config, load_config
+
+log = logging.getLogger("selective_rollout.train")
+
+
+class RunInterrupted(RuntimeError):
+    """Ctrl-C or SIGTERM: stop after cleaning up; the run folder stays resumable."""
+
+
+def make_run_dir(cfg: RunConfig) -> Path:
+    if cfg.train.run_dir:
+        return Path(cfg.train.run_dir)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(cfg.train.runs_dir) / f"{cfg.name}-{stamp}"
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
+
+
+class Trainer:
+    """Owns the actors of one run and the loop over iterations."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, ray_address: str | None = None) -> None:
+        from selective_rollout.metrics_log import MetricLogger
+        from selective_rollout.models import resolve_model
+        from selective_rollout.rollout.coordinator import create_coordinator
+        from selective_rollout.rollout.engines import create_engines
+        from selective_rollout.runtime import held_out_tasks, init_ray, train_tasks
+        from selective_rollout.sft import warm_start_model
+        from selective_rollout.trainer import LearnerGroup
+
+        self.cfg, self.run_dir = cfg, run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        init_ray(ray_address)
+        self.train_tasks = train_tasks(cfg)
+        self.eval_tasks = held_out_tasks(cfg)
+        model_path = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+        if cfg.warm_start.enabled:
+            model_path = warm_start_model(cfg, model_path)
+        self.model_path = model_path
+        log.info(
+            "policy: %s; %d train tasks, %d held-out tasks",
+            model_path,
+            len(self.train_tasks),
+            len(self.eval_tasks),
+        )
+        self.engines = create_engines(cfg.engine, model_path, cfg.engine.num_engines)
+        self.learner = LearnerGroup(cfg.trainer, model_path, seed=cfg.seed)
+        self.coordinator = create_coordinator(cfg, self.engines, model_path, run_dir)
+        self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
+
+    def resume(self) -> None:
+        extra = self.learner.resume(self.ckpt_dir)
+        if extra is None:
+            return
+        self.state.update(extra)
+        self.learner.sync_weights(self.engines)
+        log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
+
+    def evaluate(self, label: str) -> dict[str, Any]:
+        import ray
+
+        from selective_rollout.evaluate import format_summary, success_summary
+
+        groups = ray.get(self.coordinator.evaluate.remote(self.eval_tasks))
+        summary = success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed)
+        self.state["eval"][label] = summary
+        log.info("held-out (%s): %s", label, format_summary(summary))
+        return summary
+
+    def iteration(self, it: int) -> dict[str, float]:
+        import ray
+
+        from selective_rollout.evaluate import eval_metrics
+        from selective_rollout.runtime import task_stream
+
+        cfg = self.cfg
+        start = time.perf_counter()
+        window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
+        stream = task_stream(self.train_tasks, cfg.train.task_shuffle_seed, self.state["cursor"])
+        tasks = list(itertools.islice(stream, window))
+        batch = ray.get(self.coordinator.rollout.remote(tasks, it))
+        self.state["cursor"] += batch.tasks_consumed
+        metrics = dict(batch.metrics)
+        if batch.experiences:
+            metrics.update(self.learner.train_step(batch.experiences))
+            metrics["system/weight_sync_s"] = self.learner.sync_weights(self.engines)
+        else:
+            log.warning("iteration %d: no trainable group (all cut, filtered or failed); no update", it)
+        if cfg.train.eval_every and (it + 1) % cfg.train.eval_every == 0 and it + 1 < cfg.train.iterations:
+            metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
+        metrics.update(ray.get(self.coordinator.env_metrics.remote()))
+        metrics["system/iteration_s"] = time.perf_counter() - start
+        self.state["wall_s"] += metrics["system/iteration_s"]
+        self.state["iteration"] = it + 1
+        self.logger.log(metrics, it)
+        if (it + 1) % cfg.trainer.save_every == 0 or it + 1 == cfg.train.iterations:
+            self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
+        return metrics
+
+    def run(self) -> Path:
+        from selective_rollout.evaluate import eval_metrics
+        from selective_rollout.report import write_report
+
+        self.resume()
+        if "before" not in self.state["eval"]:
+            self.logger.log(eval_metrics(self.evaluate("before")), -1)
+        from tqdm import tqdm
+
+        first = self.state["iteration"]
+        bar = tqdm(
+            range(first, self.cfg.train.iterations),
+            desc="iterations",
+            initial=first,
+            total=self.cfg.train.iterations,
+            disable=not self.cfg.logging.progress,
+            mininterval=5,
+        )
+        for it in bar:
+            m = self.iteration(it)
+            bar.set_postfix(
+                cut=int(m.get("rollout/groups_cut", 0)),
+                kept=int(m.get("rollout/groups_completed", 0)),
+                success=f"{m.get('rollout/success_rate', 0):.2f}",
+            )
+        if "after" not in self.state["eval"]:
+            self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.train.iterations)
+            self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
+        return write_report(self.run_dir, self.state)
+
+    def close(self) -> None:
+        import ray
+
+        for closer in (
+            lambda: ray.get(self.coordinator.shutdown.remote(), timeout=60),
+            lambda: ray.get([e.shutdown.remote() for e in self.engines], timeout=60),
+            self.learner.shutdown,
+            self.logger.close,
+        ):
+            try:
+                closer()
+            except Exception as exc:  # cleanup must go on past one dead actor
+                log.warning("cleanup step failed: %s", exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m selective_rollout.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster (default: RAY_ADDRESS or local)"
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. gate.tau=0.1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = make_run_dir(cfg)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    trainer = None
+    try:
+        trainer = Trainer(cfg, run_dir, args.ray_address)
+        report = trainer.run()
+    except (KeyboardInterrupt, RunInterrupted) as exc:
+        print(
+            f"interrupted ({exc or 'Ctrl-C'}); {run_dir} is consistent: re-run with "
+            f"train.run_dir={run_dir} to resume from its last checkpoint",
+            file=sys.stderr,
+        )
+        return 130
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if trainer is not None:
+            trainer.close()
+    print(f"run finished: {report}")
+    print(report.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

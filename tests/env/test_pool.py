@@ -1,0 +1,65 @@
+"""EnvPool over the real Ray cluster: groups, concurrent steps, close, and a killed worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from alfworld_env import EnvPool, load_games
+
+pytestmark = pytest.mark.ray
+
+
+def _walkthrough(game_dir: str) -> list[str]:
+    return json.loads((Path(game_dir) / "game.tw-pddl").read_text())["walkthrough"]
+
+
+def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games):
+    games = load_games(tiny_games, "train")
+    pool = EnvPool(num_workers=2)
+
+    async def scenario() -> None:
+        a = await pool.reset_group(games[0].game_dir, 3)
+        b = await pool.reset_group(games[1].game_dir, 2)
+        assert len({s.episode_id for s in a + b}) == 5
+        assert all(s.task and s.admissible and not s.done for s in a + b)
+
+        # The walkthrough wins for one copy; the others, given other commands, do not.
+        plan = _walkthrough(games[0].game_dir)
+        winner, others = a[0].episode_id, [s.episode_id for s in a[1:]]
+        for i, cmd in enumerate(plan):
+            out = await pool.step({winner: cmd, **dict.fromkeys(others, "look")})
+            assert out[winner].won == out[winner].done == (i == len(plan) - 1)
+            assert out[winner].reward == (1.0 if i == len(plan) - 1 else 0.0)
+            assert not any(out[e].won for e in others)
+        await pool.close([s.episode_id for s in a])
+
+        # Kill the worker that hosts group b mid-episode.
+        victim_pids = set(pool.worker_pids())
+        await pool.step({s.episode_id: "look" for s in b})
+        hosting = pool._where[b[0].episode_id]
+        os.kill(pool.worker_pids()[hosting], signal.SIGKILL)
+        time.sleep(1.0)
+        out = await pool.step({s.episode_id: "look" for s in b})
+        assert all(out[s.episode_id].failed and out[s.episode_id].done for s in b)
+        assert "died" in out[b[0].episode_id].failed
+
+        # New groups still open and play, on live (or replaced) workers.
+        c = await pool.reset_group(games[2].game_dir, 2)
+        out = await pool.step({s.episode_id: "look" for s in c})
+        assert all(o.failed is None and o.obs for o in out.values())
+        assert set(pool.worker_pids()) != victim_pids
+        await pool.close([s.episode_id for s in c])
+
+    try:
+        asyncio.run(scenario())
+        m = pool.metrics()
+        assert m["env/restarts"] == 1.0 and m["env/steps"] > 0 and m["env/episodes_open"] == 0.0
+    finally:
+        pool.shutdown()
