@@ -2,12 +2,26 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from selective_rollout.config.base import Section
 
 
 class AgentConfig(Section):
     action_format: Literal["react", "action"] = "action"
-    constrain_to_admissible: bool = True
-    history_turns: int = Field(8, ge=0)
+    constrain_to_admissible: bool = Field(
+        True, description="decode only admissible commands (each closed by end-of-turn); action format only"
+    )
+    history_turns: int = Field(8, ge=0, description="past exchanges kept in a prompt before a new segment")
+    fuzzy_threshold: float = Field(
+        0.85, ge=0.0, le=1.0, description="min normalised similarity of a fuzzy match"
+    )
+
+    @model_validator(mode="after")
+    def _constrained_needs_action_format(self) -> "AgentConfig":
+        if self.constrain_to_admissible and self.action_format == "react":
+            raise ValueError(
+                "constrain_to_admissible restricts the whole reply to one command, which leaves no room "
+                "for a ReAct thought: use action_format=action or constrain_to_admissible=false"
+            )
+        return self

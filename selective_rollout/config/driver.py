@@ -8,29 +8,33 @@ from selective_rollout.config.base import Section
 
 
 class DriverConfig(Section):
+    """The training loop (selective_rollout.train)."""
+
     iterations: int = Field(3, ge=1)
     eval_every: int = Field(
         0, ge=0, description="held-out evaluation every N iterations (0: before/after only)"
     )
-    runs_dir: str = "runs"
+    runs_dir: str = Field("runs", description="parent folder of run folders")
     run_dir: str | None = Field(
         None, description="explicit run folder; reusing one resumes it (trainer.resume=auto)"
     )
-    task_shuffle_seed: int = 0
+    task_shuffle_seed: int = Field(0, description="order of the train task stream (same seed = same stream)")
 
 
 class EvalConfig(Section):
+    """Held-out evaluation, before and after training and every ``train.eval_every`` iterations."""
+
     split: Literal["train", "valid_seen", "valid_unseen"] = "valid_unseen"
     num_tasks: int = Field(8, ge=1, description="held-out tasks per evaluation (first N of the split)")
     tries: int = Field(1, ge=1, description="episodes per task; success = mean over tries")
-    greedy: bool = True
+    greedy: bool = Field(True, description="greedy decoding; false samples at engine.temperature")
     bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for the 95% CI")
 
 
 class WarmStartConfig(Section):
     """Behaviour cloning of the solver's walkthroughs before RL (selective_rollout.sft)."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="behaviour-clone walkthroughs before RL (cached per config)")
     games: int = Field(24, ge=1, description="train games whose walkthroughs are cloned")
     epochs: int = Field(2, ge=1)
     lr: float = Field(5e-5, gt=0.0)

@@ -8,7 +8,12 @@ from selective_rollout.config.base import Section
 
 
 class RolloutConfig(Section):
-    strategy: Literal["none", "dapo", "preskip", "selective", "selective+dapo"] = "selective"
+    """The GroupCoordinator: which groups run, how many at once, what enters the batch."""
+
+    strategy: Literal["none", "dapo", "preskip", "selective", "selective+dapo"] = Field(
+        "selective",
+        description="none | dapo (post-hoc zero-variance filter) | preskip | selective (gate) | both",
+    )
     mode: Literal["concurrent", "lockstep"] = Field(
         "concurrent", description="lockstep = the paper's loop: one group at a time, all G in lock-step"
     )

@@ -14,8 +14,10 @@ from selective_rollout.config.trainer import TrainerConfig
 
 
 class RunConfig(Section):
-    name: str = Field("run", min_length=1)
-    seed: int = 0
+    """A whole run: one section per component."""
+
+    name: str = Field("run", min_length=1, description="run name; the run folder is runs/<name>-<time>")
+    seed: int = Field(0, description="seeds sampling, task order, audit draws and the learner")
     gate: GateConfig = GateConfig()
     env: EnvConfig = EnvConfig()
     engine: EngineConfig = EngineConfig()
