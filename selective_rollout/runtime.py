@@ -28,6 +28,7 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         log.info("joined Ray cluster at %s", address)
         return
     ray.init(
+        address="local",  # a fresh cluster, never one another process started with `ray start`
         num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 1)),
         include_dashboard=False,
         _node_ip_address="127.0.0.1",

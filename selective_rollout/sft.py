@@ -116,7 +116,7 @@ def train_sft(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm or float("inf"))
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         log.info(
             "sft epoch %d/%d: mean nll %.4f", epoch + 1, ws.epochs, sum(losses[-len(plans) :]) / len(plans)
         )

@@ -1,0 +1,134 @@
+"""The paper's Tier-1 rollout experiment on the CPU profile, plus our system's own comparisons.
+
+All arms run in one process over one Ray cluster, one engine (same weights) and the same task
+stream, back to back, and the script prints ratios:
+
+1. gate off vs on (paper protocol, no refill): wall-clock saved, step-tokens saved, groups cut,
+   the cut groups' TP/FP judged by the ungated arm's outcome on the same task, and the ratio
+   wall-saved / tokens-saved (target >= 0.9: the system turns saved work into time).
+2. concurrent coordinator vs the paper's lock-step loop (gate off): env steps/s and tokens/s
+   (target >= 3x).
+3. refill on, dapo vs selective+dapo: wall-clock per informative (non-zero-variance) group
+   delivered (target >= 30% less).
+
+    python bench/rollout_ab.py [--tasks 8] [--config configs/cpu_default.yaml] [overrides ...]
+
+On 2 CPU cores the engine (SmolLM2, constrained choice) dominates step time; see the printed
+per-step costs before reading the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from selective_rollout.config import load_config
+from selective_rollout.records import Outcome
+
+
+def run_arm(cfg, engines, model_path, tasks, label: str) -> dict[str, Any]:
+    import ray
+
+    from selective_rollout.rollout.coordinator import create_coordinator
+
+    coordinator = create_coordinator(cfg, engines, model_path, None)
+    try:
+        ray.get(coordinator.env_metrics.remote())  # env workers up before the clock starts
+        start = time.perf_counter()
+        batch = ray.get(coordinator.rollout.remote(tasks, 0))
+        wall = time.perf_counter() - start
+    finally:
+        ray.get(coordinator.shutdown.remote())
+        ray.kill(coordinator)
+    m = batch.metrics
+    informative = sum(1 for g in batch.groups if g.outcome is Outcome.COMPLETED and g.zero_variance is False)
+    print(
+        f"  {label:<28} wall {wall:7.1f} s  step-tokens {m['rollout/step_tokens']:>9,.0f}  "
+        f"cut {int(m['rollout/groups_cut'])}  kept {int(m['rollout/groups_completed'])}  "
+        f"filtered {int(m['rollout/groups_filtered'])}  informative {informative}  "
+        f"env steps/s {m['system/env_steps_per_s']:.2f}  tokens/s {m['system/tokens_per_s']:.1f}"
+    )
+    return {"batch": batch, "wall": wall, "informative": informative, "metrics": m}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: gate,lockstep,dapo")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    import ray
+
+    from selective_rollout.models import resolve_model
+    from selective_rollout.rollout.engines import create_engines
+    from selective_rollout.runtime import init_ray, task_stream, train_tasks
+    from selective_rollout.sft import warm_start_model
+
+    base = load_config(args.config, ["rollout.audit_frac=0", *args.overrides])
+    init_ray(None)
+    model = resolve_model(base.engine.model, base.engine.model_cache_dir)
+    if base.warm_start.enabled:
+        model = warm_start_model(base, model)
+    engines = create_engines(base.engine, model, base.engine.num_engines)
+    tasks = list(itertools.islice(task_stream(train_tasks(base), base.seed), args.tasks * 4))
+    n = args.tasks
+    print(
+        f"model {Path(model).name}, G={base.rollout.group_size}, K={base.gate.k}, tau={base.gate.tau}, "
+        f"{n} tasks, max_steps={base.rollout.max_steps}"
+    )
+
+    def cfg(*extra: str):
+        return load_config(args.config, ["rollout.audit_frac=0", *args.overrides, *extra])
+
+    if "gate" not in skip:
+        print("\n[1] gate off vs on, paper protocol (no refill), same tasks")
+        common = ["rollout.refill=false", f"rollout.groups_per_iteration={n}"]
+        off = run_arm(cfg("rollout.strategy=none", *common), engines, model, tasks[:n], "gate off (none)")
+        on = run_arm(
+            cfg("rollout.strategy=selective", *common), engines, model, tasks[:n], "gate on (selective)"
+        )
+        truth = {g.task_id: g.zero_variance for g in off["batch"].groups}
+        cut = [g for g in on["batch"].groups if g.outcome is Outcome.CUT]
+        tp = sum(1 for g in cut if truth.get(g.task_id))
+        tokens_saved = 1 - on["metrics"]["rollout/step_tokens"] / off["metrics"]["rollout/step_tokens"]
+        wall_saved = 1 - on["wall"] / off["wall"]
+        print(
+            f"  wall-clock saved {wall_saved:.1%}, step-tokens saved {tokens_saved:.1%}, "
+            f"groups cut {len(cut)} (TP {tp}, FP {len(cut) - tp} by the ungated arm's outcome on the same task)"
+        )
+        if tokens_saved > 0:
+            print(f"  wall-saved / tokens-saved = {wall_saved / tokens_saved:.2f}  (target >= 0.90)")
+    if "lockstep" not in skip:
+        print("\n[2] concurrent coordinator vs the paper's lock-step loop (gate off, same tasks)")
+        common = ["rollout.strategy=none", "rollout.refill=false", f"rollout.groups_per_iteration={n}"]
+        lock = run_arm(cfg(*common, "rollout.mode=lockstep"), engines, model, tasks[:n], "lock-step (paper)")
+        conc = run_arm(
+            cfg(*common, "rollout.mode=concurrent"), engines, model, tasks[:n], "concurrent (ours)"
+        )
+        for key, name in (("system/env_steps_per_s", "env steps/s"), ("system/tokens_per_s", "tokens/s")):
+            print(f"  {name}: x{conc['metrics'][key] / max(lock['metrics'][key], 1e-9):.2f}  (target >= 3x)")
+    if "dapo" not in skip:
+        print("\n[3] refill on: wall per informative group delivered, dapo vs selective+dapo (same stream)")
+        common = ["rollout.refill=true", f"rollout.groups_per_iteration={max(1, n // 2)}"]
+        dapo = run_arm(cfg("rollout.strategy=dapo", *common), engines, model, tasks, "dapo")
+        both = run_arm(
+            cfg("rollout.strategy=selective+dapo", *common), engines, model, tasks, "selective+dapo"
+        )
+        per = {k: v["wall"] / max(v["informative"], 1) for k, v in (("dapo", dapo), ("both", both))}
+        print(
+            f"  wall per informative group: dapo {per['dapo']:.1f} s, selective+dapo {per['both']:.1f} s, "
+            f"{1 - per['both'] / per['dapo']:.1%} less  (target >= 30%)"
+        )
+    ray.get([e.shutdown.remote() for e in engines])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""``LearnerGroup``: the driver's handle over N data-parallel learner actors.
+
+The driver is where the batch is seen whole, so everything the ranks must agree on is decided
+here: advantages (per group, over the whole batch), the loss denominator, which learner gets
+which groups, and how many micro-batches every learner runs. Learners only execute.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.records import Experience
+from selective_rollout.sync_group import TensorSpec
+from selective_rollout.trainer import checkpoint
+from selective_rollout.trainer.advantages import compute_advantages
+from selective_rollout.trainer.learner import LearnerWorker
+from selective_rollout.trainer.losses import batch_denominator
+from selective_rollout.trainer.objective import ZERO_ADV
+from selective_rollout.trainer.packing import check_experience, plan_micro_batches
+
+
+def shard_by_group(batch: Sequence[Experience], num_shards: int) -> list[list[int]]:
+    """Indices of ``batch`` per learner: whole groups, biggest first onto the least-loaded learner.
+
+    Keeping a group on one learner keeps its segments together; balancing by tokens keeps the
+    learners' step times close, since they wait for each other at every step.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, exp in enumerate(batch):
+        groups.setdefault(exp.group_id, []).append(i)
+    load = [0] * num_shards
+    shards: list[list[int]] = [[] for _ in range(num_shards)]
+    sized = sorted(groups.values(), key=lambda idx: -sum(len(batch[i].token_ids) for i in idx))
+    for idx in sized:
+        target = min(range(num_shards), key=lambda r: (load[r], r))
+        shards[target].extend(idx)
+        load[target] += sum(len(batch[i].token_ids) for i in idx)
+    return [sorted(s) for s in shards]
+
+
+class LearnerGroup:
+    """N DeepSpeed learners (data parallel) over one policy; Ray must be initialised."""
+
+    latest_checkpoint = staticmethod(checkpoint.latest_checkpoint)
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        model_path: str | Path,
+        seed: int = 0,
+        actor_options: dict | None = None,
+    ) -> None:
+        if not ray.is_initialized():
+            raise RuntimeError("LearnerGroup needs a running Ray: call ray.init() first")
+        self.cfg = cfg
+        n = cfg.num_learners
+        options = {"num_cpus": 1, **(actor_options or {})}
+        actor_cls = ray.remote(LearnerWorker)
+        payload = cfg.model_dump(mode="json")
+        self.actors = [
+            actor_cls.options(**options).remote(payload, str(model_path), seed, rank, n) for rank in range(n)
+        ]
+        host, port = ray.get(self.actors[0].rendezvous_address.remote())
+        ray.get([a.setup.remote(host, port) for a in self.actors])
+        self._device_type: str = ray.get(self.actors[0].device_type.remote())
+        self._sync_engines: list = []
+        self._specs: list[TensorSpec] = []
+
+    def _on_all(self, method: str, *args: Any) -> list[Any]:
+        """Call a method on every learner at once (gathers under ZeRO-3 are collectives)."""
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def _on_rank0(self, method: str, *args: Any) -> Any:
+        if self.cfg.zero_stage == 3:
+            return self._on_all(method, *args)[0]
+        return ray.get(getattr(self.actors[0], method).remote(*args))
+
+    # -- training ----------------------------------------------------------------------------
+    def train_step(self, batch: list[Experience]) -> dict[str, float]:
+        """One optimiser step over ``batch``; returns the ``train/`` metrics of DESIGN.md section 3.
+
+        ``train/effective_grad_l2`` is the L2 norm of the per-token coefficients ``w_t A_t`` that
+        multiply ``grad log pi`` at ratio 1: it shrinks when zero-advantage tokens dilute the
+        aggregation denominator, independently of the model's own gradient scale.
+        """
+        if not batch:
+            raise ValueError("train_step: the batch is empty")
+        for exp in batch:
+            check_experience(exp)
+        start = time.perf_counter()
+        advantages = compute_advantages(batch, self.cfg.advantage, self.cfg.advantage_eps)
+        denominator = batch_denominator(self.cfg.loss_agg, [e.num_policy_tokens for e in batch])
+        shards = shard_by_group(batch, len(self.actors))
+        plans = [
+            plan_micro_batches([len(batch[i].token_ids) for i in s], self.cfg.micro_batch_tokens)
+            for s in shards
+        ]
+        n_micro = max(len(p) for p in plans)
+        calls = [
+            actor.train_step.remote(
+                [batch[i] for i in shard],
+                [advantages[i] for i in shard],
+                plan + [[]] * (n_micro - len(plan)),
+                denominator,
+            )
+            for actor, shard, plan in zip(self.actors, shards, plans, strict=True)
+        ]
+        results = ray.get(calls)
+        elapsed = time.perf_counter() - start
+        total = {k: sum(r[k] for r in results) for k in results[0] if k not in ("grad_norm", "lr")}
+        policy_tokens = max(total["policy_tokens"], 1.0)
+        return {
+            "train/loss": total["loss_sum"],
+            "train/grad_norm": results[0]["grad_norm"],
+            "train/lr": results[0]["lr"],
+            "train/kl": total["kl_sum"] / policy_tokens,
+            "train/entropy": total["entropy_sum"] / policy_tokens,
+            "train/clip_frac": total["clip_sum"] / policy_tokens,
+            "train/zero_adv_token_frac": total["zero_adv_tokens"] / policy_tokens,
+            "train/effective_grad_l2": math.sqrt(total["signal_sq_sum"]),
+            "train/effective_batch": float(
+                sum(
+                    1
+                    for e, a in zip(batch, advantages, strict=True)
+                    if abs(a) > ZERO_ADV and e.num_policy_tokens
+                )
+            ),
+            "train/batch_size": float(len(batch)),
+            "train/policy_tokens": total["policy_tokens"],
+            "train/tokens": total["tokens"],
+            "train/padding_frac": 1.0 - total["tokens"] / max(total["padded_tokens"], 1.0),
+            "train/micro_batches": float(n_micro),
+            "train/step_s": elapsed,
+            "train/tokens_per_s": total["tokens"] / elapsed,
+        }
+
+    def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """The current policy's log-prob of every token after the first (rank 0's replica)."""
+        return self._on_rank0("logprobs", token_ids)
+
+    # -- weight sync -------------------------------------------------------------------------
+    def sync_method(self) -> str:
+        if self.cfg.weight_sync == "auto":
+            return "nccl" if self._device_type == "cuda" else "gloo"
+        return self.cfg.weight_sync
+
+    def sync_weights(self, engines: list) -> float:
+        """Send the current weights to every engine; returns the seconds it took.
+
+        Over a process group (rank 0 = this group's rank-0 learner, engines 1..N, built on the
+        first call and rebuilt when the engine set changes): the specs go through Ray, then one
+        broadcast per tensor. ``object_store``: the engines load a Ray object of all tensors.
+        """
+        start = time.perf_counter()
+        if not engines:
+            return 0.0
+        method = self.sync_method()
+        if method == "object_store":
+            refs = [a.export_weights.remote() for a in self.actors]
+            ray.get([e.load_weights.remote(refs[0]) for e in engines] + refs[1:])
+            return time.perf_counter() - start
+        if list(engines) != self._sync_engines:
+            self._connect(list(engines), method)
+        calls = [e.receive_weights.remote(self._specs) for e in engines]
+        ray.get(calls + [a.send_weights.remote() for a in self.actors])
+        return time.perf_counter() - start
+
+    def _connect(self, engines: list, backend: str) -> None:
+        host, port = ray.get(self.actors[0].rendezvous_address.remote())
+        world = 1 + len(engines)
+        joins = [
+            e.init_weight_sync.remote(host, port, rank, world, backend) for rank, e in enumerate(engines, 1)
+        ]
+        ray.get([self.actors[0].init_sync_group.remote(host, port, world, backend), *joins])
+        self._specs = self._on_rank0("weight_specs")
+        self._sync_engines = engines
+
+    def weights_checksum(self) -> float:
+        """Sum of float64 sums of the weights engines receive (LoRA merged), on rank 0."""
+        return self._on_rank0("weights_checksum")
+
+    def replica_checksums(self) -> list[float]:
+        """``weights_checksum`` of every learner: data-parallel replicas must agree exactly."""
+        return self._on_all("weights_checksum")
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def global_step(self) -> int:
+        return int(ray.get(self.actors[0].global_step.remote()))
+
+    def save_checkpoint(self, directory: str | Path, extra_state: dict) -> Path:
+        """Save ``directory/step_XXXXXXXX`` atomically and keep the newest ``keep_checkpoints``.
+
+        ``directory`` must be visible to every learner (a shared file system across nodes).
+        """
+        step = self.global_step()
+        staging = checkpoint.staging_dir(directory, step)
+        if staging.exists():
+            shutil.rmtree(staging)
+        self._on_all("save", str(staging))
+        final = checkpoint.publish(
+            staging, Path(directory) / checkpoint.checkpoint_name(step), dict(extra_state)
+        )
+        checkpoint.prune(directory, self.cfg.keep_checkpoints)
+        return final
+
+    def load_checkpoint(self, directory: str | Path) -> dict:
+        """Restore a checkpoint (a ``step_*`` folder, or the latest one under a root); returns extra_state."""
+        path = Path(directory)
+        if not (path / checkpoint.EXTRA_STATE).is_file():
+            latest = checkpoint.latest_checkpoint(path)
+            if latest is None:
+                raise FileNotFoundError(f"no complete checkpoint at or under {path}")
+            path = latest
+        extra = checkpoint.read_extra_state(path)
+        self._on_all("load", str(path))
+        return extra
+
+    def resume(self, directory: str | Path) -> dict | None:
+        """``trainer.resume``: auto loads the latest complete checkpoint under ``directory`` if any."""
+        if self.cfg.resume == "never" or checkpoint.latest_checkpoint(directory) is None:
+            return None
+        return self.load_checkpoint(directory)
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

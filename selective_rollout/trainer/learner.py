@@ -1,0 +1,273 @@
+"""One data-parallel learner: a DeepSpeed engine over the policy, run as a Ray actor by ``LearnerGroup``.
+
+Each learner joins its own ``torch.distributed`` world (the learners only; engines are never
+in it) and DeepSpeed averages gradients over it. The driver decides everything that must agree
+across ranks (which experiences each rank gets, how many micro-batches everyone runs, the
+batch's loss denominator); a learner only executes its share, so the ranks stay in lock-step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import deepspeed
+import torch
+
+from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.records import Experience
+from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
+from selective_rollout.trainer import checkpoint
+from selective_rollout.trainer.modeling import (
+    adapter_weights,
+    checksum,
+    load_policy,
+    merged_weights,
+    token_logprobs,
+)
+from selective_rollout.trainer.objective import micro_batch_loss
+from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _skip_shm_comm_build() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory allreduce op (~2.5 min).
+
+    ``TorchBackend`` builds ``deepspeed_shm_comm`` whenever ``deepspeed.ops.__compatible_ops__``
+    marks it compatible, with no switch to refuse; gloo does the allreduce without it.
+    """
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
+def owns_clipping(cfg: TrainerConfig) -> bool:
+    """fp32 ZeRO-0 clips without recording the norm, so the learner clips there itself (and logs it)."""
+    return cfg.zero_stage == 0 and cfg.precision == "fp32"
+
+
+def deepspeed_config(cfg: TrainerConfig, world_size: int) -> dict[str, Any]:
+    """DeepSpeed config: we own loss scaling and accumulation, DeepSpeed owns ZeRO and the optimiser.
+
+    ``managed_gradient_accumulation: false`` makes every ``step()`` the accumulation boundary,
+    since the number of micro-batches varies from step to step with the token budget.
+    ``torch_adam`` avoids the ~3.5 min CPU FusedAdam JIT build.
+    """
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": 0.0 if owns_clipping(cfg) else cfg.max_grad_norm,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": cfg.lr,
+                "betas": list(cfg.adam_betas),
+                "eps": 1e-8,
+                "weight_decay": cfg.weight_decay,
+                "torch_adam": True,
+            },
+        },
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.precision == "bf16":
+        ds["bf16"] = {"enabled": True}
+    return ds
+
+
+class LearnerWorker:
+    """The body of a learner actor; ``LearnerGroup`` makes it a Ray actor and drives all ranks together."""
+
+    def __init__(self, cfg: dict[str, Any], model_path: str, seed: int, rank: int, world_size: int) -> None:
+        self.cfg = TrainerConfig.model_validate(cfg)
+        self.model_path = model_path
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.engine: Any = None
+        self.ref_model: torch.nn.Module | None = None
+        self.sync_pg: Any = None
+        self._grad_norm: float | None = None
+
+    # -- set-up ------------------------------------------------------------------------------
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0's address and a free port, for the learners' own distributed world."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        cuda = torch.cuda.is_available()
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+        )
+        if not cuda:
+            _skip_shm_comm_build()
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+        torch.manual_seed(self.seed)  # the same LoRA init on every rank
+        model = load_policy(self.model_path, self.cfg)
+        self.engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=deepspeed_config(self.cfg, self.world_size),
+            lr_scheduler=self._scheduler,
+        )
+        if owns_clipping(self.cfg):
+            self.engine.optimizer.register_step_pre_hook(self._clip_gradients)
+        if self.cfg.kl_coef > 0 and not self.cfg.lora.enabled:
+            self.ref_model = load_policy(self.model_path, self.cfg)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        torch.manual_seed(self.seed + self.rank)  # dropout differs per rank, reproducibly
+
+    def _clip_gradients(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        """Runs just before the optimiser update, when DeepSpeed has already averaged the gradients."""
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm or float("inf")
+        self._grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        warmup = self.cfg.warmup_steps
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    # -- training ----------------------------------------------------------------------------
+    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask)[0]
+            with self.module.disable_adapter():
+                return token_logprobs(self.module, mb.input_ids, mb.attention_mask)[0]
+
+    def train_step(
+        self,
+        shard: list[Experience],
+        advantages: list[float],
+        plan: list[list[int]],
+        denominator: float,
+    ) -> dict[str, float]:
+        """Run this rank's micro-batches (``[]`` = an empty one), then one optimiser step on all ranks.
+
+        Each micro-batch loss is its exact share of the batch loss; it is scaled by the world
+        size because DeepSpeed *averages* gradients across ranks, whose sum is what we want.
+        """
+        self.engine.train()
+        sums: dict[str, float] = {}
+        for indices in plan:
+            if indices:
+                mb = collate([shard[i] for i in indices], [advantages[i] for i in indices])
+            else:
+                mb = empty_micro_batch()
+            loss, stats = micro_batch_loss(
+                self.engine, mb.to(self.device), self.cfg, denominator, self._ref_logprobs
+            )
+            self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+        lr = float(self.engine.get_lr()[0])
+        self.engine.step()
+        grad_norm = self._grad_norm if owns_clipping(self.cfg) else self.engine.get_global_grad_norm()
+        sums["grad_norm"] = float("nan") if grad_norm is None else float(grad_norm)
+        sums["lr"] = lr
+        return sums
+
+    def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """Current-policy log-prob of every token after the first, one sequence at a time."""
+        self.engine.eval()
+        out = []
+        with torch.no_grad():
+            for ids in token_ids:
+                x = torch.tensor([ids], dtype=torch.long, device=self.device)
+                out.append(token_logprobs(self.module, x, torch.ones_like(x))[0][0].float().tolist())
+        return out
+
+    # -- weights -----------------------------------------------------------------------------
+    def _gathered(self) -> Any:
+        """All parameters whole on every rank for the duration (ZeRO-3 partitions them; a collective)."""
+        params = list(self.module.parameters())
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=self.cfg.zero_stage == 3)
+
+    def _export(self) -> list[tuple[str, torch.Tensor]]:
+        if self.cfg.lora.enabled and self.cfg.lora.sync == "adapter":
+            return adapter_weights(self.module)
+        return merged_weights(self.module)
+
+    def weight_specs(self) -> list[TensorSpec]:
+        with self._gathered():
+            return [TensorSpec.of(n, t) for n, t in self._export()]
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The weights engines load, on CPU (the object-store path); every rank must call it under ZeRO-3."""
+        with self._gathered():
+            return {n: t.detach().cpu().clone() for n, t in self._export()} if self.rank == 0 else {}
+
+    def weights_checksum(self) -> float:
+        with self._gathered():
+            return checksum(merged_weights(self.module))
+
+    def init_sync_group(self, host: str, port: int, world_size: int, backend: str) -> None:
+        """Host the learner->engines group as its rank 0 (engines join with ranks 1..N)."""
+        self.sync_pg = make_sync_group(backend, host, port, 0, world_size)
+
+    def send_weights(self) -> None:
+        """Broadcast every exported tensor, in ``weight_specs`` order, to the engines (rank 0 only sends)."""
+        with self._gathered():
+            if self.rank != 0:
+                return
+            if self.sync_pg is None:
+                raise RuntimeError("send_weights before init_sync_group")
+            for _, tensor in self._export():
+                broadcast(self.sync_pg, tensor.detach().contiguous(), src=0)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def global_step(self) -> int:
+        return int(self.engine.global_steps)
+
+    def save(self, staging: str) -> None:
+        """Every rank writes its part of the DeepSpeed state (ZeRO shards) and its RNG state."""
+        path = Path(staging)
+        path.mkdir(parents=True, exist_ok=True)
+        self.engine.save_checkpoint(
+            str(path),
+            tag=checkpoint.DS_TAG,
+            save_latest=False,
+            exclude_frozen_parameters=self.cfg.lora.enabled,
+        )
+        torch.save(checkpoint.rng_state(), path / f"rng_rank{self.rank}.pt")
+
+    def load(self, path: str) -> None:
+        load_path, _ = self.engine.load_checkpoint(
+            path, tag=checkpoint.DS_TAG, load_module_strict=not self.cfg.lora.enabled
+        )
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed state (tag {checkpoint.DS_TAG!r}) in checkpoint {path}")
+        rng_file = Path(path) / f"rng_rank{self.rank}.pt"
+        if not rng_file.is_file():
+            raise FileNotFoundError(f"checkpoint {path} has no RNG state for learner rank {self.rank}")
+        checkpoint.set_rng_state(torch.load(rng_file, weights_only=False))

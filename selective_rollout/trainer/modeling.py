@@ -1,0 +1,94 @@
+"""The policy model: loading (full fine-tuning or LoRA), token log-probs, and weights in engine names.
+
+Engines hold a plain HF ``AutoModelForCausalLM``, so whatever the learner trains is exported
+under that model's ``named_parameters()`` names: LoRA adapters are folded into the base
+weights on the fly (the learner's own weights are left untouched), or sent as the adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model, get_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from selective_rollout.config.trainer import TrainerConfig
+
+
+def load_policy(model_path: str | Path, cfg: TrainerConfig) -> torch.nn.Module:
+    """The trainable policy in fp32 (DeepSpeed casts to bf16 when asked), LoRA-wrapped if enabled."""
+    path = Path(model_path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model folder {path} has no config.json (expected a HF save_pretrained folder)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if not cfg.lora.enabled:
+        return model
+    lora = PeftLoraConfig(
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()
+    return get_peft_model(model, lora)
+
+
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each next token, ``[B, T-1]``, and optionally the policy's entropy there (no grad)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    if not with_entropy:
+        return chosen, None
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return chosen, entropy
+
+
+def hf_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The HF model under a peft wrapper (with LoRA layers injected), or the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` in the engine's names; LoRA deltas added to copies of their base weights."""
+    base = hf_model(model)
+    lora_modules = {name: mod for name, mod in base.named_modules() if isinstance(mod, LoraLayer)}
+    out = []
+    with torch.no_grad():
+        for name, param in base.named_parameters():
+            owner, _, leaf = name.rpartition(".")
+            if any(part.startswith("lora_") for part in owner.split(".")):
+                continue
+            tensor = param.detach()
+            if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in lora_modules:
+                layer = lora_modules[owner.removesuffix(".base_layer")]
+                tensor = tensor.clone()
+                for adapter in layer.active_adapters:
+                    tensor += layer.get_delta_weight(adapter).to(tensor.dtype)
+                owner = owner.removesuffix(".base_layer")
+            out.append((f"{owner}.{leaf}" if owner else leaf, tensor))
+    return out
+
+
+def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The LoRA adapter in peft's saved-adapter names (what ``set_peft_model_state_dict`` loads)."""
+    return [(k, v.detach()) for k, v in get_peft_model_state_dict(model).items()]
+
+
+def checksum(named: list[tuple[str, torch.Tensor]]) -> float:
+    """Sum of float64 sums: equal weights give an equal number on learner and engine."""
+    return float(sum(t.detach().to(torch.float64).sum().item() for _, t in named))

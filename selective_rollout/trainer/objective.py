@@ -1,0 +1,60 @@
+"""The loss of one micro-batch and the sums the learner reports (no DeepSpeed, so unit-testable).
+
+Every statistic is returned as a *sum* over the micro-batch's policy tokens, never a mean, so
+the driver can add the sums of all micro-batches on all learners and divide once by the
+batch's counts: the reported figures do not depend on how the batch was split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.trainer.losses import kl_estimate, ppo_clip_loss, token_weights
+from selective_rollout.trainer.modeling import token_logprobs
+from selective_rollout.trainer.packing import MicroBatch
+
+RefLogprobs = Callable[[MicroBatch], torch.Tensor]
+ZERO_ADV = 1e-12
+
+
+def micro_batch_loss(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    cfg: TrainerConfig,
+    denominator: float,
+    ref_logprobs: RefLogprobs | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the batch loss, and its statistic sums.
+
+    ``denominator`` is the whole batch's (``losses.batch_denominator``). With ``kl_coef > 0``
+    the KL is to ``ref_logprobs`` (the frozen initial policy) and enters the loss; otherwise
+    ``kl_sum`` measures the drift from the sampling engine's policy (``old_logprobs``), logged only.
+    """
+    logprobs, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, with_entropy=True)
+    mask = mb.loss_mask
+    per_token, clipped = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_low, cfg.clip_high)
+    if cfg.kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("trainer.kl_coef > 0 needs a reference policy")
+        kl = kl_estimate(logprobs, ref_logprobs(mb), cfg.kl_estimator)
+        per_token = per_token + cfg.kl_coef * kl
+    else:
+        kl = kl_estimate(logprobs.detach(), mb.old_logprobs, cfg.kl_estimator)
+    weights = token_weights(mask.to(per_token.dtype), cfg.loss_agg, denominator)
+    loss = (per_token * weights).sum()
+    assert entropy is not None
+    stats = {
+        "loss_sum": float(loss.detach()),
+        "policy_tokens": float(mask.sum()),
+        "zero_adv_tokens": float(((mb.advantages.abs() <= ZERO_ADV) * mask).sum()),
+        "kl_sum": float((kl.detach() * mask).sum()),
+        "entropy_sum": float((entropy * mask).sum()),
+        "clip_sum": float((clipped * mask).sum()),
+        "signal_sq_sum": float(((weights * mb.advantages) ** 2).sum()),
+        "padded_tokens": float(mb.padded_tokens),
+        "tokens": float(mb.attention_mask.sum()),
+    }
+    return loss, stats

@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.trainer.advantages import compute_advantages
+from selective_rollout.trainer.losses import batch_denominator, kl_estimate, ppo_clip_loss, token_weights
+from selective_rollout.trainer.objective import micro_batch_loss
+from selective_rollout.trainer.packing import collate, plan_micro_batches
+from tests.trainer.conftest import assert_same_direction_and_size, make_batch
+
+# two sequences: 3 and 1 policy tokens (one padded position); clip 0.2 / 0.28
+LOGP = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, 0.0, 0.0]])
+OLD = torch.tensor([[-1.1, -1.0, -2.0], [-0.1, 0.0, 0.0]])
+ADV = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+
+
+def hand_token_losses() -> list[list[float]]:
+    out = []
+    for s in range(2):
+        row = []
+        for t in range(3):
+            if not MASK[s, t]:
+                continue
+            rho = math.exp(LOGP[s, t].item() - OLD[s, t].item())
+            a = ADV[s, t].item()
+            row.append(-min(rho * a, min(max(rho, 0.8), 1.28) * a))
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", lambda ls: sum(map(sum, ls)) / 4),
+        ("seq-mean-token-mean", lambda ls: (sum(ls[0]) / 3 + sum(ls[1]) / 1) / 2),
+        ("seq-mean-token-sum", lambda ls: (sum(ls[0]) + sum(ls[1])) / 2),
+    ],
+)
+def test_aggregated_loss_equals_hand_computation(mode, expected):
+    per_token, _ = ppo_clip_loss(LOGP, OLD, ADV, 0.2, 0.28)
+    denom = batch_denominator(mode, [3, 1])
+    loss = (per_token * token_weights(MASK, mode, denom)).sum().item()
+    assert loss == pytest.approx(expected(hand_token_losses()), rel=1e-6)
+
+
+def test_clip_higher_bounds_are_separate():
+    logp = torch.tensor([math.log(1.5), math.log(0.5)])
+    per_token, clipped = ppo_clip_loss(logp, torch.zeros(2), torch.tensor([1.0, -1.0]), 0.2, 0.28)
+    assert per_token.tolist() == pytest.approx([-1.28, 0.8])
+    assert clipped.tolist() == [True, True]
+
+
+def test_kl_estimators():
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-1.5])
+    assert kl_estimate(logp, ref, "k1").item() == pytest.approx(0.5)
+    assert kl_estimate(logp, ref, "k3").item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+    with pytest.raises(ValueError, match="KL estimator 'k2'"):
+        kl_estimate(logp, ref, "k2")
+
+
+def flat_grad(model, batch, cfg) -> tuple[torch.Tensor, float]:
+    model.zero_grad()
+    adv = compute_advantages(batch, cfg.advantage)
+    denom = batch_denominator(cfg.loss_agg, [e.num_policy_tokens for e in batch])
+    loss, _ = micro_batch_loss(model, collate(batch, adv), cfg, denom)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), loss.item()
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+
+
+def test_zero_advantage_groups_give_no_gradient(model):
+    cfg = TrainerConfig()
+    g, _ = flat_grad(model, make_batch(3, {"z1": [1.0] * 4, "z2": [0.0] * 4}), cfg)
+    assert g.abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
+def test_zero_advantage_groups_only_dilute(model, mode):
+    """Adding zero-variance groups scales the informative gradient by the denominator ratio, nothing else."""
+    cfg = TrainerConfig(loss_agg=mode)
+    informative = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})
+    zero = make_batch(5, {"z": [1.0] * 4})
+    g_inf, _ = flat_grad(model, informative, cfg)
+    g_all, _ = flat_grad(model, informative + zero, cfg)
+    ratio = batch_denominator(mode, [e.num_policy_tokens for e in informative]) / batch_denominator(
+        mode, [e.num_policy_tokens for e in informative + zero]
+    )
+    assert g_inf.abs().max().item() > 0
+    assert_same_direction_and_size(g_all, g_inf * ratio)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batch_losses_sum_to_the_batch_loss(model, mode):
+    cfg = TrainerConfig(loss_agg=mode)
+    batch = make_batch(6, {"a": [1.0, 0.0, 0.5], "b": [0.0, 1.0, 1.0]}, turns=4)
+    adv = compute_advantages(batch, cfg.advantage)
+    denom = batch_denominator(mode, [e.num_policy_tokens for e in batch])
+    whole, _ = micro_batch_loss(model, collate(batch, adv), cfg, denom)
+    plans = plan_micro_batches([len(e.token_ids) for e in batch], token_budget=60)
+    assert len(plans) > 1
+    parts = [
+        micro_batch_loss(model, collate([batch[i] for i in p], [adv[i] for i in p]), cfg, denom)[0]
+        for p in plans
+    ]
+    assert sum(p.item() for p in parts) == pytest.approx(whole.item(), rel=1e-10)
