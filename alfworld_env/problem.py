@@ -43,18 +43,18 @@ def task_text(scn: Scenario, rng: random.Random) -> str:
 
 
 def _location(i: int) -> str:
-    # One location per receptacle: receptacles sharing an ALFRED pose would otherwise merge.
+    # Numbered, not ALFRED poses: receptacles sharing a pose would otherwise merge by accident.
     return f"loc|{i}|0|0|0"
 
 
 def pddl_problem(scn: Scenario, name: str) -> str:
-    recep_loc = {r: _location(i + 1) for i, r in enumerate(scn.receptacles)}
+    recep_loc = {r: _location(scn.location_of(r)) for r in scn.receptacles}
     start = _location(0)
     objects = sorted(scn.placement)
     decl = ["agent1 # agent"]
     decl += [f"{t}Type # otype" for t in OTYPES] + [f"{t}Type # rtype" for t in RTYPES]
     decl += [f"{o} # object" for o in objects] + [f"{r} # receptacle" for r in scn.receptacles]
-    decl += [f"{loc} # location" for loc in [start, *recep_loc.values()]]
+    decl += [f"{loc} # location" for loc in dict.fromkeys([start, *recep_loc.values()])]
     init = [f"(atLocation agent1 {start})"]
     for r, loc in recep_loc.items():
         rtype = receptacle_type(r)

@@ -34,16 +34,27 @@ PICKUPABLE: frozenset[str] = frozenset().union(*C.VAL_RECEPTACLE_OBJECTS.values(
 
 @dataclass(frozen=True)
 class Preset:
-    """How big a game is. ``extra_receptacles=None`` keeps every receptacle of the room."""
+    """How big a game is. ``extra_receptacles=None`` keeps every receptacle of the room.
+
+    A uniform-random policy spends most of its steps on commands that change nothing (help, look,
+    inventory and examine are always on offer: 4-6 of the 5-9 commands of a tiny game), so every
+    walk between receptacles and every door to open makes a chance win much rarer. ``compact``
+    removes both: every receptacle of the game stands at one spot (one "go to" reaches them all),
+    the target starts in an open receptacle and goes to an open one, and a clean/heat/cool target
+    starts on its goal receptacle, next to the appliance (take, treat, put back). ``copies``
+    instances of the target per object the task needs make a lucky "take" likelier.
+    """
 
     extra_receptacles: int | None
     distractors: int
+    copies: int = 1
+    compact: bool = False
 
 
 # tiny is sized by measurement (bench/env_throughput.py) so that a uniform-random policy wins
-# a fair share of 15-step episodes; full keeps ALFWorld's whole rooms.
+# 20-50% of 15-step episodes; small keeps walking and opening; full keeps ALFWorld's whole rooms.
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(extra_receptacles=0, distractors=1),
+    "tiny": Preset(extra_receptacles=0, distractors=0, copies=2, compact=True),
     "small": Preset(extra_receptacles=4, distractors=3),
     "full": Preset(extra_receptacles=None, distractors=10),
 }
@@ -59,9 +70,14 @@ class Scenario:
     receptacles: list[str]  # ALFRED receptacle ids in the game
     placement: dict[str, str] = field(default_factory=dict)  # object id -> receptacle id
     task_text: str = ""
+    one_spot: bool = False  # every receptacle at one location (Preset.compact)
 
     def objects_of(self, otype: str) -> list[str]:
         return [o for o in self.placement if o.split("|")[0] == otype]
+
+    def location_of(self, receptacle: str) -> int:
+        """Location number of a receptacle; 0 is the middle of the room, where the agent starts."""
+        return 1 if self.one_spot else self.receptacles.index(receptacle) + 1
 
 
 class NoFit(Exception):
@@ -70,6 +86,10 @@ class NoFit(Exception):
 
 def _can_hold(rtype: str, otype: str) -> bool:
     return otype in C.VAL_RECEPTACLE_OBJECTS.get(rtype, ())
+
+
+def _is_open(rtype: str) -> bool:
+    return rtype not in C.OPENABLE_CLASS_SET
 
 
 def _object_id(otype: str, rng: random.Random, taken: set[str]) -> str:
@@ -92,24 +112,34 @@ def _sample_in_room(task_type: str, room: Room, preset: Preset, rng: random.Rand
     lamp = ""
     if task_type == "look_at_obj_in_light":
         lamps = sorted(room.object_types & set(LAMPS))
-        hosts = [r for r in room.receptacles if receptacle_type(r) not in C.OPENABLE_CLASS_SET]
+        hosts = [r for r in room.receptacles if _is_open(receptacle_type(r))]
         if not lamps or not hosts:
             raise NoFit
         lamp = rng.choice(lamps)
     rng.shuffle(candidates)
     for otype in candidates:
         sources = [r for r in room.receptacles if _can_hold(receptacle_type(r), otype)]
+        if preset.compact:
+            sources = [r for r in sources if _is_open(receptacle_type(r))]
         if lamp:
             parents, parent_type = [], ""
         else:
             ptypes = sorted(t for t in rtypes if _can_hold(t, otype) and t != appliance)
+            if preset.compact:
+                ptypes = [t for t in ptypes if _is_open(t)]
             if not ptypes:
                 continue
             parent_type = rng.choice(ptypes)
             parents = room.receptacles_of(parent_type)
-            sources = [r for r in sources if receptacle_type(r) not in (parent_type, appliance)]
+            if preset.compact and appliance:
+                sources = parents  # the goal stays unmet until the target is treated
+            else:
+                sources = [r for r in sources if receptacle_type(r) not in (parent_type, appliance)]
         if not sources:
             continue
+        if preset.compact:
+            sources = [rng.choice(sources)]  # every copy in one place
+            parents = sources if appliance else parents
         return _populate(task_type, room, preset, rng, otype, parent_type, lamp, sources, parents, appliance)
     raise NoFit
 
@@ -120,7 +150,7 @@ def _populate(
     taken: set[str] = set()
     chosen: list[str] = []
     placement: dict[str, str] = {}
-    count = 2 if task_type == "pick_two_obj_and_place" else 1
+    count = (2 if task_type == "pick_two_obj_and_place" else 1) * preset.copies
     for _ in range(count):
         src = rng.choice(sources)
         chosen.append(src)
@@ -130,7 +160,7 @@ def _populate(
     if appliance:
         chosen.append(rng.choice(room.receptacles_of(appliance)))
     if lamp:
-        hosts = [r for r in room.receptacles if receptacle_type(r) not in C.OPENABLE_CLASS_SET]
+        hosts = [r for r in room.receptacles if _is_open(receptacle_type(r))]
         host = rng.choice(hosts)
         chosen.append(host)
         placement[_object_id(lamp, rng, taken)] = host
@@ -144,7 +174,9 @@ def _populate(
         holders = [r for r in receptacles if _can_hold(receptacle_type(r), dtype)]
         if holders:
             placement[_object_id(dtype, rng, taken)] = rng.choice(holders)
-    return Scenario(task_type, room.number, otype, parent_type, lamp, receptacles, placement)
+    return Scenario(
+        task_type, room.number, otype, parent_type, lamp, receptacles, placement, one_spot=preset.compact
+    )
 
 
 def sample_scenario(task_type: str, unseen: bool, preset: Preset, rng: random.Random) -> Scenario:

@@ -102,7 +102,8 @@ def main() -> None:
         wall_saved = 1 - on["wall"] / off["wall"]
         print(
             f"  wall-clock saved {wall_saved:.1%}, step-tokens saved {tokens_saved:.1%}, "
-            f"groups cut {len(cut)} (TP {tp}, FP {len(cut) - tp} by the ungated arm's outcome on the same task)"
+            f"groups cut {len(cut)} (TP {tp}, FP {len(cut) - tp}, judged by the ungated arm's outcome "
+            "on the same task)"
         )
         if tokens_saved > 0:
             print(f"  wall-saved / tokens-saved = {wall_saved / tokens_saved:.2f}  (target >= 0.90)")

@@ -33,7 +33,9 @@ ALIASES: dict[str, GGUFAlias] = {
     ),
 }
 
-DEFAULT_CACHE = Path(os.environ.get("SR_MODEL_CACHE", Path.home() / ".cache" / "selective_rollout" / "models"))
+DEFAULT_CACHE = Path(
+    os.environ.get("SR_MODEL_CACHE", Path.home() / ".cache" / "selective_rollout" / "models")
+)
 
 
 class ModelResolutionError(ValueError):
