@@ -69,9 +69,14 @@ class Trainer:
             len(self.train_tasks),
             len(self.eval_tasks),
         )
-        self.engines = create_engines(cfg.engine, model_path, cfg.engine.num_engines)
-        self.learner = LearnerGroup(cfg.trainer, model_path, seed=cfg.seed)
-        self.coordinator = create_coordinator(cfg, self.engines, model_path, run_dir)
+        place = cfg.placement
+        self.engines = create_engines(cfg.engine, model_path, cfg.engine.num_engines, place.engine_options())
+        self.learner = LearnerGroup(
+            cfg.trainer, model_path, seed=cfg.seed, actor_options=place.learner_options()
+        )
+        self.coordinator = create_coordinator(
+            cfg, self.engines, model_path, run_dir, place.coordinator_options(), place.env_worker_options()
+        )
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
         self.ckpt_dir = run_dir / "checkpoints"
         self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
@@ -170,6 +175,14 @@ class Trainer:
                 log.warning("cleanup step failed: %s", exc)
 
 
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """A learner micro-batch or an actor that ran out of memory, however Ray wrapped it."""
+    from ray.exceptions import OutOfMemoryError
+
+    text = str(exc).lower()
+    return isinstance(exc, (MemoryError, OutOfMemoryError)) or "out of memory" in text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m selective_rollout.train",
@@ -204,6 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if not _is_out_of_memory(exc):
+            raise
+        print(
+            f"error: out of memory ({type(exc).__name__}); lower trainer.micro_batch_tokens (now "
+            f"{cfg.trainer.micro_batch_tokens}) or rollout.max_groups_in_flight; {run_dir} stays resumable",
+            file=sys.stderr,
+        )
+        return 3
     finally:
         if trainer is not None:
             trainer.close()

@@ -9,6 +9,7 @@ from selective_rollout.config.engine import EngineConfig
 from selective_rollout.config.env import EnvConfig
 from selective_rollout.config.gate import GateConfig
 from selective_rollout.config.logging import LoggingConfig
+from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.rollout import RolloutConfig
 from selective_rollout.config.trainer import TrainerConfig
 
@@ -28,6 +29,7 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     logging: LoggingConfig = LoggingConfig()
+    placement: PlacementConfig = PlacementConfig()
 
     @model_validator(mode="after")
     def _gate_within_episode(self) -> "RunConfig":

@@ -1,0 +1,1 @@
+"""Launchers: ``ray job submit`` wrapper, cluster placement check, cluster files (see docs/cluster.md)."""

@@ -1,0 +1,43 @@
+"""Where each kind of actor runs on a Ray cluster (docs/cluster.md): resources per actor kind.
+
+Engines and learners go on GPUs, env workers on CPU nodes. Custom resources (e.g. an
+``env_node`` resource offered only by CPU nodes) pin a kind of actor to a kind of node.
+"""
+
+from pydantic import Field
+
+from selective_rollout.config.base import Section
+
+
+class PlacementConfig(Section):
+    """Ray resources of each actor kind; empty dicts mean "anywhere"."""
+
+    learner_num_gpus: float = Field(0.0, ge=0.0, description="GPUs per learner actor (1 on a GPU cluster)")
+    learner_num_cpus: float = Field(1.0, gt=0.0, description="CPUs per learner actor")
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom resources per learner"
+    )
+    engine_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom resources per engine"
+    )
+    env_worker_num_cpus: float = Field(1.0, gt=0.0, description="CPUs per env worker actor")
+    env_worker_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom resources per env worker, e.g. {env_node: 0.01}"
+    )
+    coordinator_resources: dict[str, float] = Field(default_factory=dict, description="custom resources")
+
+    def learner_options(self) -> dict[str, object]:
+        return {
+            "num_gpus": self.learner_num_gpus,
+            "num_cpus": self.learner_num_cpus,
+            "resources": dict(self.learner_resources),
+        }
+
+    def engine_options(self) -> dict[str, object]:
+        return {"resources": dict(self.engine_resources)} if self.engine_resources else {}
+
+    def env_worker_options(self) -> dict[str, object]:
+        return {"num_cpus": self.env_worker_num_cpus, "resources": dict(self.env_worker_resources)}
+
+    def coordinator_options(self) -> dict[str, object]:
+        return {"resources": dict(self.coordinator_resources)} if self.coordinator_resources else {}
