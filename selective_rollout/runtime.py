@@ -41,7 +41,9 @@ def _games(cfg: RunConfig, split: str) -> list[Task]:
 
     env = cfg.env
     if env.source == "generated":
-        ensure_games(env.games_dir, preset=env.preset, seed=cfg.seed)
+        ensure_games(
+            env.games_dir, preset=env.preset, n_train=env.n_train, n_valid=env.n_valid, seed=env.games_seed
+        )
     games = load_games(Path(env.games_dir), split, source=env.source)
     return [Task(g.game_dir, g.task_id, g.task_type) for g in games]
 

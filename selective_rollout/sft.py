@@ -96,12 +96,12 @@ def train_sft(
     from selective_rollout.trainer.modeling import hf_model, load_policy, merged_weights, token_logprobs
     from selective_rollout.trainer.packing import collate, plan_micro_batches
 
-    torch.manual_seed(cfg.seed)
     ws = cfg.warm_start
+    torch.manual_seed(ws.seed)
     model = load_policy(model_path, cfg.trainer)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=ws.lr)
-    rng = random.Random(cfg.seed)
+    rng = random.Random(ws.seed)
     order = list(range(len(data)))
     losses = []
     for epoch in range(ws.epochs):
@@ -139,12 +139,13 @@ def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
     ws, t = cfg.warm_start, cfg.trainer
     fields = [
         str(model_path),
-        cfg.env.games_dir,
+        str(Path(cfg.env.games_dir).resolve()),
         cfg.env.preset,
         ws.games,
         ws.epochs,
         ws.lr,
-        cfg.seed,
+        ws.seed,
+        cfg.env.games_seed,
         cfg.agent.model_dump_json(),
         t.lora.model_dump_json(),
         t.micro_batch_tokens,
@@ -175,14 +176,13 @@ def build_warm_start(
 
 def warm_start_model(cfg: RunConfig, model_path: Path) -> Path:
     """The cached warm-started policy for this config, built on first use."""
-    from alfworld_env import ensure_games
-
     out = Path(cfg.warm_start.cache_dir).expanduser() / warm_start_key(cfg, model_path)
     if (out / "config.json").is_file():
         log.info("warm start: using cached %s", out)
         return out
-    if cfg.env.source == "generated":
-        ensure_games(cfg.env.games_dir, preset=cfg.env.preset, seed=cfg.seed)
+    from selective_rollout.runtime import train_tasks
+
+    train_tasks(cfg)  # generates the games on first use
     log.info(
         "warm start: cloning %d walkthroughs into %s (first use; cached after)", cfg.warm_start.games, out
     )

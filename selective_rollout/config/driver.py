@@ -38,4 +38,9 @@ class WarmStartConfig(Section):
     games: int = Field(24, ge=1, description="train games whose walkthroughs are cloned")
     epochs: int = Field(2, ge=1)
     lr: float = Field(5e-5, gt=0.0)
+    seed: int = Field(
+        0,
+        description="data order of the warm start (kept apart from the run seed so the "
+        "arms and seeds of an experiment share one warm start)",
+    )
     cache_dir: str = Field("~/.cache/selective_rollout/warm_start", description="built once, reused by key")

@@ -8,8 +8,15 @@ from selective_rollout.config.base import Section
 
 
 class EnvConfig(Section):
-    source: Literal["generated", "official"] = "generated"
-    games_dir: str = "data/games/tiny"
-    preset: Literal["tiny", "small", "full"] = "tiny"
-    num_workers: int = Field(2, ge=1)
-    max_steps: int = Field(15, ge=1)
+    """The games and the env workers that play them (docs/environment.md)."""
+
+    source: Literal["generated", "official"] = Field(
+        "generated",
+        description="generated: our offline ALFWorld-domain games; official: $ALFWORLD_DATA/json_2.1.1",
+    )
+    games_dir: str = Field("data/games/tiny", description="games root (generated into it when missing)")
+    preset: Literal["tiny", "small", "full"] = Field("tiny", description="difficulty of generated games")
+    games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
+    n_train: int = Field(60, ge=1, description="generated train games")
+    n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
+    num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")

@@ -1,0 +1,259 @@
+"""A/B experiments: arms x seeds on identical task streams, with paired bootstrap CIs (floor 5).
+
+    python -m selective_rollout.experiment --config configs/ab_cpu.yaml [--out DIR]
+
+Every arm is a full training run (the driver, in this process, over one Ray cluster) from the
+same base config plus the arm's overrides. For a given seed every arm sees the same task
+stream (``train.task_shuffle_seed`` = seed), the same warm start and the same held-out tasks,
+so per-seed differences between arms are paired. Writes ``experiment.csv`` (one row per arm and
+seed), ``experiment.md`` (per-arm means; per pair the mean difference with a 95% bootstrap CI over
+seeds, the paper's protocol) and ``experiment.png``; then pools every arm's rollouts for the
+offline K x tau gate sweep (``sweep/gate_eval.csv`` and ``sweep/gate_pareto.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from selective_rollout.config import ConfigError, load_config
+from selective_rollout.evaluate import bootstrap_ci
+
+log = logging.getLogger("selective_rollout.experiment")
+
+METRICS = {
+    "wall_s": "wall-clock (s)",
+    "step_tokens": "rollout step-tokens",
+    "groups_cut": "groups cut",
+    "audit_precision": "audited gate precision",
+    "zero_var_frac": "zero-variance share",
+    "success_before": "held-out success before",
+    "success_after": "held-out success after",
+}
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    k: list[int] = Field(default_factory=lambda: [2, 4, 6])
+    tau: str = "0.02:0.30:0.04"
+
+
+class ExperimentConfig(BaseModel):
+    """An experiment file: which base run, which arms, which seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "experiment"
+    base: str = Field(description="base run config (path relative to the experiment file or the CWD)")
+    overrides: list[str] = Field(default_factory=list, description="applied to every arm")
+    arms: dict[str, list[str]] = Field(
+        min_length=2, description="arm name -> its overrides; first = reference"
+    )
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    bootstrap: int = Field(2000, ge=100)
+    sweep: SweepSpec | None = SweepSpec()
+
+
+def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file not found: {path}")
+    try:
+        exp = ExperimentConfig.model_validate(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    base = Path(exp.base) if Path(exp.base).is_file() else path.parent / exp.base
+    if not base.is_file():
+        raise ConfigError(f"{path}: base config {exp.base} not found")
+    return exp, base
+
+
+def run_arm(base: Path, overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
+    """One training run; returns its report.json summary, flattened to the experiment's metrics."""
+    import json
+
+    from selective_rollout.train import Trainer
+
+    cfg = load_config(base, [*overrides, f"train.run_dir={run_dir}"])
+    trainer = Trainer(cfg, run_dir)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    report = json.loads((run_dir / "report.json").read_text())
+    r, ev = report["rollout"], report["eval"]
+    return {
+        "wall_s": report["wall_s"],
+        "step_tokens": r["step_tokens_spent"],
+        "groups_cut": r["outcomes"]["cut"],
+        "audit_precision": r["audit_precision"],
+        "zero_var_frac": r["zero_var_frac"],
+        "success_before": ev.get("before", {}).get("success_rate"),
+        "success_after": ev.get("after", {}).get("success_rate"),
+    }
+
+
+def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: int) -> list[dict[str, Any]]:
+    """Per metric and per arm vs the reference arm: mean paired difference and its bootstrap CI."""
+    ref = arms[0]
+    by = {(r["arm"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    out = []
+    for arm in arms[1:]:
+        for key in METRICS:
+            diffs = [
+                by[(arm, s)][key] - by[(ref, s)][key]
+                for s in seeds
+                if by[(arm, s)].get(key) is not None and by[(ref, s)].get(key) is not None
+            ]
+            if not diffs:
+                continue
+            lo, hi = bootstrap_ci(diffs, resamples)
+            base = [by[(ref, s)][key] for s in seeds if by[(ref, s)].get(key)]
+            rel = float(np.mean(diffs) / np.mean(base)) if base and np.mean(base) else None
+            out.append(
+                {
+                    "arm": arm,
+                    "vs": ref,
+                    "metric": key,
+                    "mean_diff": float(np.mean(diffs)),
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "rel": rel,
+                    "n": len(diffs),
+                }
+            )
+    return out
+
+
+def write_outputs(out: Path, exp: ExperimentConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    arms = list(exp.arms)
+    with (out / "experiment.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["arm", "seed", *METRICS])
+        writer.writeheader()
+        writer.writerows(rows)
+    diffs = paired_differences(rows, arms, exp.bootstrap)
+
+    def mean(arm: str, key: str) -> str:
+        vals = [r[key] for r in rows if r["arm"] == arm and r.get(key) is not None]
+        return f"{np.mean(vals):.3g}" if vals else "n/a"
+
+    lines = [
+        f"# Experiment: {exp.name}",
+        "",
+        f"Seeds: {exp.seeds}; base config `{exp.base}`.",
+        "",
+        "| arm | " + " | ".join(METRICS.values()) + " |",
+        "|---" * (len(METRICS) + 1) + "|",
+    ]
+    lines += [f"| {a} | " + " | ".join(mean(a, k) for k in METRICS) + " |" for a in arms]
+    lines += [
+        "",
+        f"## Paired differences vs `{arms[0]}` (mean over seeds, 95% bootstrap CI over seeds)",
+        "",
+        "| arm | metric | difference | 95% CI | relative | seeds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in diffs:
+        rel = f"{d['rel']:+.1%}" if d["rel"] is not None else "n/a"
+        lines.append(
+            f"| {d['arm']} | {METRICS[d['metric']]} | {d['mean_diff']:+.4g} | "
+            f"[{d['ci_low']:+.4g}, {d['ci_high']:+.4g}] | {rel} | {d['n']} |"
+        )
+    if len(exp.seeds) < 3:
+        lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]
+    lines += ["", "![experiment](experiment.png)"]
+    (out / "experiment.md").write_text("\n".join(lines) + "\n")
+    plot(out / "experiment.png", rows, arms)
+    return diffs
+
+
+def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ["wall_s", "step_tokens", "groups_cut", "success_after"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6))
+    for ax, key in zip(axes, keys, strict=True):
+        for i, arm in enumerate(arms):
+            vals = [r[key] for r in rows if r["arm"] == arm and r.get(key) is not None]
+            if vals:
+                ax.bar(i, np.mean(vals), color=f"C{i}", alpha=0.6)
+                ax.scatter([i] * len(vals), vals, color="k", s=12, zorder=3)
+        ax.set_xticks(range(len(arms)), arms, rotation=20, fontsize=8)
+        ax.set_title(METRICS[key], fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pooled_sweep(out: Path, sweep: SweepSpec, run_dirs: list[Path]) -> None:
+    """The offline K x tau gate sweep over every arm's logged rollouts, pooled."""
+    from selective_rollout.gate.evaluate import main as gate_evaluate
+
+    pooled = out / "pooled_rollouts.jsonl"
+    with pooled.open("w") as fh:
+        for d in run_dirs:
+            src = d / "rollouts.jsonl"
+            if src.is_file():
+                fh.write(src.read_text())
+    ks = ",".join(map(str, sweep.k))
+    gate_evaluate(["--rollouts", str(pooled), "--out", str(out / "sweep"), "--k", ks, "--tau", sweep.tau])
+
+
+def run_experiment(path: str | Path, out: Path | None = None) -> Path:
+    exp, base = load_experiment(path)
+    out = out or Path("runs") / f"experiment-{exp.name}"
+    out.mkdir(parents=True, exist_ok=True)
+    rows, run_dirs = [], []
+    for seed in exp.seeds:
+        for arm, arm_overrides in exp.arms.items():
+            run_dir = out / f"{arm}-s{seed}"
+            overrides = [
+                *exp.overrides,
+                *arm_overrides,
+                f"seed={seed}",
+                f"train.task_shuffle_seed={seed}",
+                f"name={arm}-s{seed}",
+            ]
+            log.info("experiment %s: arm %s, seed %d -> %s", exp.name, arm, seed, run_dir)
+            rows.append({"arm": arm, "seed": seed, **run_arm(base, overrides, run_dir)})
+            run_dirs.append(run_dir)
+    write_outputs(out, exp, rows)
+    if exp.sweep is not None:
+        pooled_sweep(out, exp.sweep, run_dirs)
+    return out / "experiment.md"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m selective_rollout.experiment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/ab_cpu.yaml")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        report = run_experiment(args.config, args.out)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

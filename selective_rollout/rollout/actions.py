@@ -1,0 +1,98 @@
+"""From a model reply to an admissible ALFWorld command, or an explicit invalid action.
+
+Small models paraphrase (``Go to Cabinet 1.``), wrap the command in prose, or emit garbage.
+Matching goes exact, then normalised, then fuzzy (normalised Levenshtein similarity from the C
+``editdistance`` library) above a threshold, among commands naming the same object numbers;
+anything else is ``INVALID_ACTION``, which the environment answers with "Nothing happens." and
+which the coordinator counts. The parser never raises on any reply: replies are capped in
+length before matching so a runaway reply costs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import editdistance
+
+INVALID_ACTION = "<invalid action>"  # one token for the gate: every invalid action is the same action
+MAX_REPLY_CHARS = 4000
+MAX_ACTION_CHARS = 200
+
+MatchKind = Literal["exact", "normalised", "fuzzy", "invalid"]
+
+_ACTION_RE = re.compile(r"action\s*:\s*(.*)", re.IGNORECASE)
+_NON_WORD = re.compile(r"[^a-z0-9]+")
+_NUMBER = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    command: str  # the admissible command, or INVALID_ACTION
+    valid: bool
+    match: MatchKind
+    extracted: str  # the action text found in the reply, before matching
+
+
+def normalise(text: str) -> str:
+    """Lowercase, punctuation to spaces, whitespace collapsed: ``Go to Cabinet-1.`` -> ``go to cabinet 1``."""
+    return " ".join(_NON_WORD.sub(" ", text.lower()).split())
+
+
+def extract_action(reply: str, action_format: Literal["react", "action"]) -> str:
+    """The action part of a reply: after the last ``Action:`` (react), else its first line."""
+    reply = reply[:MAX_REPLY_CHARS]
+    found = _ACTION_RE.findall(reply)
+    if found:
+        text = found[-1]
+    elif action_format == "react":
+        return ""  # a ReAct reply without an Action line took no action
+    else:
+        text = reply
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:MAX_ACTION_CHARS] if lines else ""
+
+
+def match_action(text: str, admissible: Sequence[str], fuzzy_threshold: float) -> tuple[str, MatchKind]:
+    """Map ``text`` to one admissible command; ties in the fuzzy step count as no match."""
+    if not text or not admissible:
+        return INVALID_ACTION, "invalid"
+    if text in admissible:
+        return text, "exact"
+    norm = normalise(text)
+    by_norm = {normalise(c): c for c in admissible}
+    if norm in by_norm:
+        return by_norm[norm], "normalised"
+    if not norm:
+        return INVALID_ACTION, "invalid"
+    # Object ids are never guessed: a typo in a word is forgiven, ``cabinet`` for ``cabinet 1`` is not.
+    numbers = _NUMBER.findall(norm)
+    scored = sorted(
+        (
+            (1.0 - editdistance.eval(norm, n) / max(len(norm), len(n)), c)
+            for n, c in by_norm.items()
+            if n and _NUMBER.findall(n) == numbers
+        ),
+        reverse=True,
+    )
+    if not scored:
+        return INVALID_ACTION, "invalid"
+    best, command = scored[0]
+    runner_up = scored[1][0] if len(scored) > 1 else -1.0
+    if best >= fuzzy_threshold and best > runner_up:
+        return command, "fuzzy"
+    return INVALID_ACTION, "invalid"
+
+
+def parse_action(
+    reply: str,
+    admissible: Sequence[str],
+    action_format: Literal["react", "action"] = "action",
+    fuzzy_threshold: float = 0.85,
+) -> ParsedAction:
+    """Parse one reply; always returns, whatever the model wrote."""
+    extracted = extract_action(reply if isinstance(reply, str) else "", action_format)
+    command, kind = match_action(extracted, admissible, fuzzy_threshold)
+    return ParsedAction(command, kind != "invalid", kind, extracted)

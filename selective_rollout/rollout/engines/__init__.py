@@ -1,0 +1,63 @@
+"""Rollout engines behind one async interface, and the registry that starts them as Ray actors.
+
+A back-end is one module plus one entry in ``BACKENDS``; modules are imported only when that
+back-end is used, so the package imports on machines without vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from selective_rollout.config.engine import EngineConfig
+from selective_rollout.rollout.engines.base import (
+    Completion,
+    CompletionOutput,
+    EngineError,
+    RolloutEngine,
+    SamplingParams,
+)
+
+BACKENDS: dict[str, str] = {
+    "transformers": "selective_rollout.rollout.engines.transformers_engine:TransformersEngine",
+    "vllm": "selective_rollout.rollout.engines.vllm_engine:VLLMEngine",
+}
+
+
+def engine_class(backend: str) -> type[RolloutEngine]:
+    """The ``RolloutEngine`` subclass registered under ``backend``."""
+    target = BACKENDS.get(backend)
+    if target is None:
+        raise ValueError(f"unknown engine backend {backend!r}; known: {sorted(BACKENDS)}")
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def create_engines(
+    cfg: EngineConfig, model_path: Path, num: int, actor_options: dict[str, Any] | None = None
+) -> list[Any]:
+    """Start ``num`` engine actors (async Ray actors) serving ``model_path``.
+
+    ``actor_options`` go to ``.options()`` (e.g. a placement-group scheduling strategy on a
+    cluster) and override the CPU/GPU resources taken from ``cfg``.
+    """
+    import ray
+
+    if num < 1:
+        raise ValueError(f"create_engines: num must be >= 1, got {num}")
+    actor_cls = ray.remote(engine_class(cfg.backend))
+    options = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **(actor_options or {})}
+    return [actor_cls.options(**options).remote(cfg, str(model_path)) for _ in range(num)]
+
+
+__all__ = [
+    "BACKENDS",
+    "Completion",
+    "CompletionOutput",
+    "EngineError",
+    "RolloutEngine",
+    "SamplingParams",
+    "create_engines",
+    "engine_class",
+]

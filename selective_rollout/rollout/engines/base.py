@@ -1,0 +1,126 @@
+"""The one interface the coordinator drives every rollout engine through.
+
+The coordinator awaits ``generate`` on Ray actors and never looks behind it, so a back-end is
+one file implementing ``RolloutEngine`` plus a registry entry (engines/__init__.py). Types are
+plain dataclasses so they cross Ray without custom serialisers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from selective_rollout.sync_group import TensorSpec
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(RuntimeError):
+    """A request an engine cannot serve; the message names the request and the reason."""
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling; ``choices`` restricts the reply to exactly one of these strings.
+
+    A choice is followed by the end-of-turn token, so ``go to cabinet 1`` can never be a
+    truncated ``go to cabinet 10``.
+    """
+
+    n: int = 1
+    max_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    choices: list[str] | None = None
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field; engines call this before queueing."""
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.choices is not None and (not self.choices or any(not c for c in self.choices)):
+            raise ValueError("SamplingParams.choices must be a non-empty list of non-empty strings")
+
+
+@dataclass
+class CompletionOutput:
+    """One sampled reply. ``logprobs[i]`` is the model's untempered log-prob of ``token_ids[i]``.
+
+    ``token_ids`` include the end-of-turn token when ``finish_reason == "stop"``: the learner
+    trains on exactly these ids.
+    """
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+
+
+@dataclass
+class Completion:
+    request_id: str
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prompt tokens served from a KV cache instead of prefilled
+    outputs: list[CompletionOutput]
+
+
+class RolloutEngine(ABC):
+    """An async generation server for one model replica (one GPU, or a share of the CPUs)."""
+
+    @abstractmethod
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int] | list[dict],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+    ) -> Completion:
+        """Sample ``sampling.n`` replies to ``prompt`` (token ids or chat messages).
+
+        ``session_id`` names a trajectory: the engine may keep its KV cache across turns so
+        that the next turn, whose prompt extends this one, prefills only the new suffix.
+        """
+
+    @abstractmethod
+    async def abort(self, request_ids: list[str]) -> None:
+        """End these requests now; their ``generate`` returns with ``finish_reason="abort"``."""
+
+    @abstractmethod
+    async def release(self, session_ids: list[str]) -> None:
+        """Drop the cached KV of trajectories that finished or were cut."""
+
+    @abstractmethod
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        """Join the learner's weight-sync group (selective_rollout.sync_group) as ``rank``."""
+
+    @abstractmethod
+    async def receive_weights(self, specs: list[TensorSpec]) -> None:
+        """Receive one broadcast per spec, in order, and load each under its HF name."""
+
+    @abstractmethod
+    async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        """Load full weights passed by value (Ray object store): the no-process-group fallback."""
+
+    @abstractmethod
+    async def weights_checksum(self) -> float:
+        """Sum over parameters of their float64 sums, so tests can see a weight update land."""
+
+    @abstractmethod
+    async def health(self) -> dict[str, Any]:
+        """Liveness and load figures for the coordinator and system metrics."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Abort everything in flight and free the model."""

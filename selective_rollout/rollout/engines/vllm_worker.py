@@ -1,0 +1,77 @@
+"""Methods vLLM mixes into each of its GPU/CPU workers (``worker_extension_cls``).
+
+vLLM runs the model in worker processes that the engine actor never touches directly; the
+actor reaches them with ``collective_rpc(<method name>)``. Names carry an ``sr_`` prefix so
+they cannot shadow a worker's own methods. vLLM's loaders take HF parameter names and do the
+fusing (qkv, gate/up) themselves, which is why the learner sends HF names. Loading goes through
+the worker's ``reload_weights`` where vLLM has it: on CPU, vLLM packs linear weights into
+oneDNN handles and frees the originals, so only its layer-wise reload (which re-runs the
+post-load processing) can replace them. Arguments cross vLLM's msgpack RPC, which turns
+tensors into lists and refuses dataclasses, so they travel as plain tuples and raw bytes
+(``pack_specs`` / ``pack_tensors``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
+
+
+def pack_specs(specs: list[TensorSpec]) -> list[tuple[str, list[int], str]]:
+    return [(s.name, list(s.shape), s.dtype) for s in specs]
+
+
+def pack_tensors(named: dict[str, torch.Tensor]) -> list[tuple[str, list[int], str, bytes]]:
+    return [
+        (
+            name,
+            list(t.shape),
+            TensorSpec.of(name, t).dtype,
+            t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
+        )
+        for name, t in named.items()
+    ]
+
+
+def _unpack_tensor(shape: list[int], dtype: str, data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
+
+
+class WeightSyncExtension:
+    """Joins the learner's sync group and loads broadcast or by-value weights into the model."""
+
+    def sr_init_weight_sync(
+        self, host: str, port: int, first_rank: int, world_size: int, backend: str
+    ) -> None:
+        # Tensor-parallel workers of one engine take consecutive ranks after ``first_rank``.
+        rank = first_rank + int(getattr(self, "rank", 0))
+        self._sr_group = make_sync_group(backend, host, port, rank, world_size)
+
+    def sr_receive_weights(self, packed_specs: list[tuple[str, list[int], str]]) -> None:
+        group = getattr(self, "_sr_group", None)
+        if group is None:
+            raise RuntimeError("receive_weights called before init_weight_sync")
+        received = []
+        for name, shape, dtype in packed_specs:
+            spec = TensorSpec(name, tuple(shape), dtype)
+            buf = torch.empty(spec.shape, dtype=spec.torch_dtype, device=self.device)
+            broadcast(group, buf, src=0)
+            received.append((spec.name, buf))
+        self._sr_load(received)
+
+    def sr_load_weights(self, packed: list[tuple[str, list[int], str, bytes]]) -> None:
+        weights = [
+            (name, _unpack_tensor(shape, dtype, data).to(self.device)) for name, shape, dtype, data in packed
+        ]
+        self._sr_load(weights)
+
+    def _sr_load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        if hasattr(self, "reload_weights"):
+            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        else:  # older vLLM: plain load into the live parameters (GPU layouts keep them)
+            self.model_runner.model.load_weights(weights=weights)
+
+    def sr_checksum(self) -> float:
+        with torch.no_grad():
+            return float(sum(p.detach().double().sum() for p in self.model_runner.model.parameters()))

@@ -1,0 +1,79 @@
+"""The experiment runner: paired differences with bootstrap CIs, outputs, and a tiny real run."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from selective_rollout.config import ConfigError
+from selective_rollout.experiment import ExperimentConfig, load_experiment, paired_differences, write_outputs
+
+
+def _rows():
+    rows = []
+    for seed, (off, on) in enumerate([(100.0, 90.0), (120.0, 105.0), (110.0, 99.0)]):
+        rows.append(
+            {
+                "arm": "off",
+                "seed": seed,
+                "wall_s": off,
+                "step_tokens": 1000,
+                "groups_cut": 0,
+                "audit_precision": None,
+                "zero_var_frac": 0.4,
+                "success_before": 0.2,
+                "success_after": 0.3,
+            }
+        )
+        rows.append(
+            {
+                "arm": "on",
+                "seed": seed,
+                "wall_s": on,
+                "step_tokens": 880,
+                "groups_cut": 3,
+                "audit_precision": 1.0,
+                "zero_var_frac": 0.4,
+                "success_before": 0.2,
+                "success_after": 0.35,
+            }
+        )
+    return rows
+
+
+def test_paired_differences_are_per_seed():
+    diffs = {d["metric"]: d for d in paired_differences(_rows(), ["off", "on"], 500)}
+    wall = diffs["wall_s"]
+    assert wall["mean_diff"] == pytest.approx(-12.0)  # mean of -10, -15, -11
+    assert wall["ci_low"] <= -12.0 <= wall["ci_high"] and wall["ci_low"] >= -15 and wall["ci_high"] <= -10
+    assert wall["rel"] == pytest.approx(-12.0 / 110.0)
+    assert diffs["step_tokens"]["mean_diff"] == -120 and diffs["step_tokens"]["ci_low"] == -120
+    assert "audit_precision" not in diffs  # undefined for the reference arm: no difference reported
+
+
+def test_outputs_are_written(tmp_path):
+    exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1, 2])
+    write_outputs(tmp_path, exp, _rows())
+    with (tmp_path / "experiment.csv").open() as fh:
+        assert len(list(csv.DictReader(fh))) == 6
+    md = (tmp_path / "experiment.md").read_text()
+    assert "| on | wall-clock (s) | -12 |" in md and "95% CI" in md
+    assert (tmp_path / "experiment.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_experiment_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_experiment(tmp_path / "none.yaml")
+    bad = tmp_path / "x.yaml"
+    bad.write_text("base: cpu_default.yaml\narms: {only: []}\n")
+    with pytest.raises(ConfigError, match="arms"):
+        load_experiment(bad)
+    bad.write_text("base: nowhere.yaml\narms: {a: [], b: []}\n")
+    with pytest.raises(ConfigError, match="base config"):
+        load_experiment(bad)
+
+
+def test_shipped_ab_config_loads():
+    exp, base = load_experiment("configs/ab_cpu.yaml")
+    assert list(exp.arms) == ["gate_off", "gate_on"] and base.name == "cpu_default.yaml"
