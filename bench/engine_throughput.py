@@ -1,0 +1,182 @@
+"""Rollout-engine throughput: tokens/s and time-to-first-token, engines side by side.
+
+For each available engine and G in --groups, on a ~500-token ALFWorld-like prompt with 32 new
+tokens, it times the three things a GRPO rollout does:
+  first turn  - one request with n=G (the group's shared prompt, nothing cached)
+  siblings    - G concurrent n=1 requests with the same prompt and their own sessions
+  next turn   - G concurrent requests whose prompts extend turn 1 by a ~60-token observation
+                (what per-trajectory KV reuse is for)
+plus TTFT (a max_tokens=1 request on a fresh prompt) and, as the lock-step baseline, plain HF
+``model.generate`` on G copies of the prompt. Run: ``python bench/engine_throughput.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from selective_rollout.config.engine import EngineConfig
+from selective_rollout.models import resolve_model
+from selective_rollout.rollout.engines import SamplingParams, engine_class
+
+ROOM = (
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet {i}, "
+    "a countertop {i}, a drawer {i}, a fridge {i}, a garbagecan {i}, a microwave {i}, a shelf {i}, "
+    "a sinkbasin {i}, a stoveburner {i}, and a toaster {i}."
+)
+
+
+def make_prompt(tokenizer, target_tokens: int, salt: str) -> list[int]:
+    """A chat prompt of about ``target_tokens`` tokens; ``salt`` makes it uncached."""
+    obs, i = f"[{salt}] ", 1
+    while True:
+        msgs = [
+            {"role": "system", "content": "You are an agent in a household text game."},
+            {"role": "user", "content": obs + "\nYour task is to: put a clean mug in the coffeemachine."},
+        ]
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"]
+        if len(ids) >= target_tokens:
+            return list(ids)
+        obs += ROOM.format(i=i) + " "
+        i += 1
+
+
+async def bench_engine(engine, tokenizer, g: int, prompt_tokens: int, new_tokens: int, tag: str) -> dict:
+    sp = SamplingParams(n=g, max_tokens=new_tokens, temperature=1.0, seed=0)
+    one = SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=0)
+
+    p = make_prompt(tokenizer, prompt_tokens, f"ttft-{tag}")
+    t = time.perf_counter()
+    await engine.generate(f"ttft-{tag}", p, SamplingParams(max_tokens=1))
+    ttft = time.perf_counter() - t
+
+    p = make_prompt(tokenizer, prompt_tokens, f"first-{tag}")
+    t = time.perf_counter()
+    c = await engine.generate(f"first-{tag}", p, sp)
+    first_s = time.perf_counter() - t
+    first_tokens = sum(len(o.token_ids) for o in c.outputs)
+
+    p = make_prompt(tokenizer, prompt_tokens, f"sib-{tag}")
+    t = time.perf_counter()
+    sibs = await asyncio.gather(
+        *(engine.generate(f"sib-{tag}-{j}", p, one, session_id=f"s-{tag}-{j}") for j in range(g))
+    )
+    sib_s = time.perf_counter() - t
+    sib_tokens = sum(len(c.outputs[0].token_ids) for c in sibs)
+
+    obs = tokenizer(
+        "\n<|im_start|>user\nObservation: You open the fridge 1. In it, you see a mug 3, an apple 2 and a "
+        "tomato 1.\n\nAdmissible actions:\n- take mug 3 from fridge 1\n- close fridge 1<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        add_special_tokens=False,
+    ).input_ids
+    t = time.perf_counter()
+    nxt = await asyncio.gather(
+        *(
+            engine.generate(
+                f"next-{tag}-{j}", p + c.outputs[0].token_ids + obs, one, session_id=f"s-{tag}-{j}"
+            )
+            for j, c in enumerate(sibs)
+        )
+    )
+    next_s = time.perf_counter() - t
+    next_tokens = sum(len(c.outputs[0].token_ids) for c in nxt)
+    cached = sum(c.cached_prompt_tokens for c in nxt) / max(1, sum(c.prompt_tokens for c in nxt))
+    await engine.release([f"s-{tag}-{j}" for j in range(g)])
+    return {
+        "G": g,
+        "prompt_tokens": len(p),
+        "ttft_s": round(ttft, 3),
+        "first_turn_tok_s": round(first_tokens / first_s, 1),
+        "siblings_tok_s": round(sib_tokens / sib_s, 1),
+        "next_turn_tok_s": round(next_tokens / next_s, 1),
+        "next_turn_cached_frac": round(cached, 3),
+    }
+
+
+def bench_hf_generate(model_path: Path, tokenizer, g: int, prompt_tokens: int, new_tokens: int) -> dict:
+    """The lock-step baseline: HF generate on G copies of the prompt, nothing shared or kept."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    p = torch.tensor([make_prompt(tokenizer, prompt_tokens, f"hf-{g}")] * g)
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True)
+    s = time.perf_counter() - t
+    return {"G": g, "first_turn_tok_s": round((out.shape[1] - p.shape[1]) * g / s, 1)}
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    model_path = resolve_model(args.model)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    results: dict[str, list[dict]] = {}
+    for name in args.engines:
+        try:
+            cls = engine_class(name)
+            t = time.perf_counter()
+            engine = cls(
+                EngineConfig(backend=name, threads=args.threads, gpu_memory_utilization=args.gpu_mem),
+                model_path,
+            )
+            start_s = time.perf_counter() - t
+        except Exception as exc:  # an engine this machine lacks is reported, not fatal
+            print(f"{name}: not available here ({exc})".splitlines()[0])
+            continue
+        print(f"{name}: started in {start_s:.1f} s")
+        await engine.generate("warmup", make_prompt(tokenizer, 64, "warm"), SamplingParams(max_tokens=4))
+        rows = []
+        for g in args.groups:
+            for r in range(args.repeats):
+                row = await bench_engine(
+                    engine, tokenizer, g, args.prompt_tokens, args.new_tokens, f"{name}-{g}-{r}"
+                )
+                row["engine"] = name
+                rows.append(row)
+                print(json.dumps(row))
+        results[name] = rows
+        await engine.shutdown()
+    if args.hf_baseline:
+        results["hf_generate"] = []
+        for g in args.groups:
+            row = bench_hf_generate(model_path, tokenizer, g, args.prompt_tokens, args.new_tokens)
+            row["engine"] = "hf_generate"
+            results["hf_generate"].append(row)
+            print(json.dumps(row))
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--engines", nargs="+", default=["transformers", "vllm"])
+    ap.add_argument("--groups", nargs="+", type=int, default=[4, 8])
+    ap.add_argument("--prompt-tokens", type=int, default=500)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of the transformers engine")
+    ap.add_argument("--gpu-mem", type=float, default=0.3, help="vLLM gpu_memory_utilization")
+    ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    results = asyncio.run(main_async(args))
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(json.dumps(results["machine"]))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""The transformers engine on SmolLM2: the RolloutEngine contract, checked for real."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from selective_rollout.rollout.engines import EngineError, SamplingParams
+from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
+
+MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def teacher_forced(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """Log-probs of ``completion`` after ``prompt`` from one plain forward pass."""
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + completion])).logits[0].float()
+    lp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
+    return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    msgs = [{"role": "user", "content": text}]
+    return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"])
+
+
+def test_generate_n_outputs_with_logprobs_of_a_teacher_forced_pass(hf_engine):
+    c = run(hf_engine.generate("gen-n", MSGS, SamplingParams(n=2, max_tokens=8, seed=3)))
+    ids = hf_engine._prompt_ids("x", MSGS)
+    assert c.prompt_tokens == len(ids) and [o.index for o in c.outputs] == [0, 1]
+    for o in c.outputs:
+        assert o.finish_reason in ("stop", "length") and 0 < len(o.token_ids) <= 8
+        assert len(o.logprobs) == len(o.token_ids)
+        assert o.text == hf_engine.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+        if o.finish_reason == "stop":
+            assert o.token_ids[-1] == hf_engine.eot_id
+        torch.testing.assert_close(
+            torch.tensor(o.logprobs), teacher_forced(hf_engine, ids, o.token_ids), atol=2e-4, rtol=0
+        )
+
+
+def test_concurrent_requests_of_different_lengths_batch_correctly(hf_engine, smollm2_tokenizer):
+    """Left-padded batching must not change any request's log-probs."""
+    texts = ["Hi.", "Describe a cabinet in a long and detailed sentence, please.", "What is 2+2?"]
+    prompts = [prompt_ids(smollm2_tokenizer, t) for t in texts]
+
+    async def go():
+        sp = SamplingParams(max_tokens=6, seed=5)
+        return await asyncio.gather(*(hf_engine.generate(f"b{i}", p, sp) for i, p in enumerate(prompts)))
+
+    for p, c in zip(prompts, run(go()), strict=True):
+        for o in c.outputs:
+            ref = teacher_forced(hf_engine, p, o.token_ids)
+            torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=2e-4, rtol=0)
+
+
+def test_same_seed_same_tokens(hf_engine):
+    sp = SamplingParams(n=2, max_tokens=8, seed=11)
+    a = run(hf_engine.generate("seed-a", MSGS, sp))
+    b = run(hf_engine.generate("seed-b", MSGS, sp))
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+
+
+def test_session_prefills_only_the_new_suffix(hf_engine, smollm2_tokenizer):
+    p1 = prompt_ids(smollm2_tokenizer, "You are in a kitchen. What do you do?")
+    sp = SamplingParams(max_tokens=6, seed=1)
+    c1 = run(hf_engine.generate("sess-1", p1, sp, session_id="traj-A"))
+    suffix = smollm2_tokenizer(
+        "\n<|im_start|>user\nNothing happens.<|im_end|>\n<|im_start|>assistant\n"
+    ).input_ids
+    p2 = p1 + c1.outputs[0].token_ids + suffix
+    c2 = run(hf_engine.generate("sess-2", p2, sp, session_id="traj-A"))
+    assert c2.cached_prompt_tokens == len(p1) + len(c1.outputs[0].token_ids) - 1
+    ref = teacher_forced(hf_engine, p2, c2.outputs[0].token_ids)
+    torch.testing.assert_close(torch.tensor(c2.outputs[0].logprobs), ref, atol=2e-4, rtol=0)
+    run(hf_engine.release(["traj-A"]))
+
+
+def test_group_siblings_share_the_prompt_prefill(hf_engine, smollm2_tokenizer):
+    p = prompt_ids(smollm2_tokenizer, "A shared group prompt about a fridge.")
+    sp = SamplingParams(max_tokens=3, seed=2)
+    first = run(hf_engine.generate("g-0", p, sp, session_id="grp-t0"))
+    second = run(hf_engine.generate("g-1", p, sp, session_id="grp-t1"))
+    assert first.cached_prompt_tokens < len(p) - 1
+    assert second.cached_prompt_tokens == len(p) - 1
+    run(hf_engine.release(["grp-t0", "grp-t1"]))
+    assert "grp-t0" not in hf_engine._store._entries
+
+
+def test_constrained_choice_emits_one_choice_and_unconstrained_logprobs(hf_engine):
+    choices = ["go to cabinet 1", "go to cabinet 10", "open fridge 1", "look"]
+    ids = hf_engine._prompt_ids("x", MSGS)
+    c = run(hf_engine.generate("choice", MSGS, SamplingParams(n=3, max_tokens=20, seed=0, choices=choices)))
+    for o in c.outputs:
+        assert o.text in choices and o.finish_reason == "stop" and o.token_ids[-1] == hf_engine.eot_id
+        torch.testing.assert_close(
+            torch.tensor(o.logprobs), teacher_forced(hf_engine, ids, o.token_ids), atol=2e-4, rtol=0
+        )
+
+
+def test_constrained_choice_tells_prefix_choices_apart(hf_engine):
+    """Each choice is closed by end-of-turn, so both '... 1' and '... 10' stay reachable and exact."""
+    choices = ["go to cabinet 1", "go to cabinet 10"]
+    c = run(
+        hf_engine.generate(
+            "pre", MSGS, SamplingParams(n=24, max_tokens=20, seed=4, temperature=3.0, choices=choices)
+        )
+    )
+    assert {o.text for o in c.outputs} == set(choices)
+
+
+def test_abort_ends_a_running_request_at_once(hf_engine):
+    long_choice = ["go " * 400]  # forces ~400 tokens without an end-of-turn
+
+    async def go():
+        task = asyncio.create_task(
+            hf_engine.generate("long", MSGS, SamplingParams(max_tokens=1000, choices=long_choice))
+        )
+        while not hf_engine._batch.rows:
+            await asyncio.sleep(0.01)
+        await hf_engine.abort(["long", "not-a-request"])
+        return await asyncio.wait_for(task, timeout=60)
+
+    c = run(go())
+    out = c.outputs[0]
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 400
+    assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_abort_before_admission_returns_abort(hf_engine):
+    async def go():
+        task = asyncio.create_task(hf_engine.generate("early", MSGS, SamplingParams(n=2, max_tokens=4)))
+        await asyncio.sleep(0)
+        await hf_engine.abort(["early"])
+        return await task
+
+    c = run(go())
+    assert [o.finish_reason for o in c.outputs] == ["abort", "abort"]
+
+
+def test_load_weights_changes_outputs_and_checksum(hf_engine):
+    sp = SamplingParams(max_tokens=8, temperature=0.0)
+    name = "model.layers.0.mlp.down_proj.weight"
+    original = dict(hf_engine.model.named_parameters())[name].detach().clone()
+    before_sum = run(hf_engine.weights_checksum())
+    before = run(hf_engine.generate("w0", MSGS, sp)).outputs[0].token_ids
+    try:
+        noisy = original + torch.randn(original.shape, generator=torch.Generator().manual_seed(0)) * 0.5
+        run(hf_engine.load_weights({name: noisy}))
+        assert run(hf_engine.weights_checksum()) != pytest.approx(before_sum)
+        assert run(hf_engine.generate("w1", MSGS, sp)).outputs[0].token_ids != before
+    finally:
+        run(hf_engine.load_weights({name: original}))
+    assert run(hf_engine.weights_checksum()) == pytest.approx(before_sum)
+    assert run(hf_engine.generate("w2", MSGS, sp)).outputs[0].token_ids == before
+
+
+def test_load_weights_rejects_unknown_names_and_shapes(hf_engine):
+    with pytest.raises(KeyError, match="not_a_param"):
+        run(hf_engine.load_weights({"not_a_param": torch.zeros(1)}))
+    with pytest.raises(ValueError, match="shape"):
+        run(hf_engine.load_weights({"model.norm.weight": torch.zeros(3)}))
+
+
+def test_receive_weights_over_a_gloo_sync_group(hf_engine):
+    """The learner (rank 0, a thread here) broadcasts; the engine (rank 1) loads by HF name."""
+    name = "model.norm.weight"
+    param = dict(hf_engine.model.named_parameters())[name]
+    original = param.detach().clone()
+    new = torch.full_like(original, 0.5)
+    port = 29000 + (threading.get_ident() % 1000)
+
+    def learner():
+        group = make_sync_group("gloo", "127.0.0.1", port, 0, 2)
+        broadcast(group, new.clone())
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    try:
+        run(hf_engine.init_weight_sync("127.0.0.1", port, 1, 2, "gloo"))
+        run(hf_engine.receive_weights([TensorSpec.of(name, new)]))
+        thread.join(timeout=60)
+        assert torch.equal(param.detach(), new)
+    finally:
+        run(hf_engine.load_weights({name: original}))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        SamplingParams(n=0),
+        SamplingParams(max_tokens=0),
+        SamplingParams(top_p=0.0),
+        SamplingParams(choices=[]),
+    ],
+)
+def test_bad_sampling_params_are_rejected(hf_engine, bad):
+    with pytest.raises(ValueError, match="SamplingParams"):
+        run(hf_engine.generate("bad", MSGS, bad))
+
+
+def test_bad_prompts_are_rejected(hf_engine):
+    with pytest.raises(EngineError, match="empty prompt"):
+        run(hf_engine.generate("e", [], SamplingParams()))
+    with pytest.raises(EngineError, match="outside"):
+        run(hf_engine.generate("o", [10**7], SamplingParams()))
+
+
+def test_health_reports_cache_and_work(hf_engine):
+    h = run(hf_engine.health())
+    assert h["backend"] == "transformers" and h["alive"] and h["generated_tokens"] > 0

