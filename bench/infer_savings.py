@@ -18,7 +18,7 @@ from alfworld_env import ensure_games, load_games
 from selective_rollout.gate import build_gate
 from selective_rollout.infer import LoopConfig, compare, summarise
 from selective_rollout.models import resolve_model
-from tests.integrations.server import chat_server
+from selective_rollout.serve import serve_subprocess
 
 
 def _table(rows, summary) -> str:
@@ -65,7 +65,7 @@ def main() -> None:
         if a.base_url:
             rows = run(a.base_url)
         else:
-            with chat_server(resolve_model("smollm2-135m-instruct"), name=a.model) as url:
+            with serve_subprocess(resolve_model("smollm2-135m-instruct"), name=a.model) as url:
                 rows = run(url)
     print(f"G={a.g}, gate prefix_edit k={a.k} tau={a.tau}, T={a.temperature}, max_steps={a.max_steps}")
     print(_table(rows, summarise(rows)))

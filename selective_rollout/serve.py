@@ -14,8 +14,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -138,6 +146,31 @@ async def serve(engine: RolloutEngine, model_name: str, port: int = 0) -> tuple[
     site = web.TCPSite(runner, HOST, port)
     await site.start()
     return runner, runner.addresses[0][1]
+
+
+@contextlib.contextmanager
+def serve_subprocess(model_path: str | Path, name: str = "smollm2", threads: int = 1) -> Iterator[str]:
+    """Run this server as a child process on loopback; yields its base URL (``.../v1``) once it
+    listens and ends exactly that process (by PID) on exit: for tests, benches and notebooks."""
+    cmd = [sys.executable, "-m", "selective_rollout.serve", "--model", str(model_path)]
+    cmd += ["--served-model-name", name, "--port", "0", "--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        for line in proc.stdout or ():  # the server prints its address once it listens
+            if line.startswith("listening on"):
+                break
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if match is None:
+            raise RuntimeError(f"the chat server exited before listening (exit code {proc.poll()})")
+        yield f"http://127.0.0.1:{match.group(1)}/v1"
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 async def _main(args: argparse.Namespace) -> None:

@@ -8,12 +8,12 @@ import pytest
 
 from selective_rollout.gate import build_gate
 from selective_rollout.infer import LoopConfig, compare, summarise
-from tests.integrations.server import chat_server
+from selective_rollout.serve import serve_subprocess
 
 
 @pytest.fixture(scope="module")
 def base_url(smollm2_path):
-    with chat_server(smollm2_path) as url:
+    with serve_subprocess(smollm2_path) as url:
         yield url
 
 

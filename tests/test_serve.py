@@ -5,13 +5,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from selective_rollout.serve import BadRequest, sampling_from_body
-from tests.integrations.server import chat_server
+from selective_rollout.serve import BadRequest, sampling_from_body, serve_subprocess
 
 
 @pytest.fixture(scope="module")
 def base_url(smollm2_path):
-    with chat_server(smollm2_path) as url:
+    with serve_subprocess(smollm2_path) as url:
         yield url
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,42 @@ def test_bad_experiment_files(tmp_path):
 def test_shipped_ab_config_loads():
     exp, base = load_experiment("configs/ab_cpu.yaml")
     assert list(exp.arms) == ["gate_off", "gate_on"] and base.name == "cpu_default.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
+    """Two arms, one seed, one iteration each, over the real stack: CSV, MD with CIs, PNG, sweep."""
+    from selective_rollout.experiment import run_experiment
+
+    exp = tmp_path / "ab.yaml"
+    overrides = [
+        f"env.games_dir={tiny_games}",
+        "env.num_workers=1",
+        "rollout.group_size=2",
+        "rollout.groups_per_iteration=1",
+        "rollout.max_steps=4",
+        "gate.k=2",
+        "gate.tau=0.5",
+        "warm_start.enabled=false",
+        "eval.num_tasks=1",
+        "train.iterations=1",
+        "logging.backends=[jsonl]",
+        "logging.progress=false",
+    ]
+    exp.write_text(
+        "name: tiny\nbase: " + str(Path("configs/cpu_default.yaml").resolve()) + "\n"
+        "overrides: [" + ", ".join(f'"{o}"' for o in overrides) + "]\n"
+        "arms: {off: [rollout.strategy=none], on: [rollout.strategy=selective]}\n"
+        "seeds: [0]\nsweep: {k: [2], tau: '0.1,0.5'}\n"
+    )
+    report = run_experiment(exp, tmp_path / "out")
+    out = tmp_path / "out"
+    with (out / "experiment.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["arm"], r["seed"]) for r in rows] == [("off", "0"), ("on", "0")]
+    assert all(float(r["wall_s"]) > 0 and float(r["step_tokens"]) > 0 for r in rows)
+    text = report.read_text()
+    assert "Paired differences vs `off`" in text and "| on | wall-clock (s) |" in text
+    assert (out / "experiment.png").stat().st_size > 5_000
+    assert (out / "sweep" / "gate_eval.csv").is_file()
