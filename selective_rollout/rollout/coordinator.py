@@ -97,6 +97,7 @@ class GroupCoordinator:
         self._dead_engines: set[int] = set()
         self._tokens = 0
         self._env_steps = 0
+        self._active: set[asyncio.Task] = set()  # group tasks in flight, cancelled by close()
 
     # ------------------------------------------------------------------ scheduling
     async def rollout(self, tasks: Sequence[Task], iteration: int = 0) -> RolloutBatch:
@@ -135,7 +136,10 @@ class GroupCoordinator:
                         continue
                 group = self._new_group(task)
                 runner = self._run_group_lockstep if self.rc.mode == "lockstep" else self._run_group
-                running[asyncio.create_task(runner(task, group))] = (task, group)
+                fut = asyncio.create_task(runner(task, group))
+                self._active.add(fut)
+                fut.add_done_callback(self._active.discard)
+                running[fut] = (task, group)
                 started += 1
             if not running:
                 break
@@ -386,6 +390,13 @@ class GroupCoordinator:
         return metrics
 
     def close(self) -> None:
+        """Stop: cancel groups still in flight (an interrupted run), then close the log.
+
+        Every group already decided is on disk; a cancelled one was never written, so
+        rollouts.jsonl stays a list of whole groups.
+        """
+        for fut in list(self._active):
+            fut.cancel()
         if self.writer is not None:
             self.writer.close()
 

@@ -98,6 +98,23 @@ class LearnerGroup:
         start = time.perf_counter()
         advantages = compute_advantages(batch, self.cfg.advantage, self.cfg.advantage_eps)
         denominator = batch_denominator(self.cfg.loss_agg, [e.num_policy_tokens for e in batch])
+        informative = [i for i, a in enumerate(advantages) if abs(a) > ZERO_ADV]
+        full = {
+            "train/batch_size": float(len(batch)),
+            "train/effective_batch": float(sum(1 for i in informative if batch[i].num_policy_tokens)),
+            "train/zero_adv_token_frac": sum(
+                e.num_policy_tokens for e, a in zip(batch, advantages, strict=True) if abs(a) <= ZERO_ADV
+            )
+            / max(1, sum(e.num_policy_tokens for e in batch)),
+        }
+        if self.cfg.kl_coef == 0:
+            # Without a KL term a zero-advantage sequence adds exactly zero gradient under PPO-clip;
+            # it still counts in the denominator above (the dilution), so skipping its forward and
+            # backward is exact and saves the learner the cost of groups that teach nothing.
+            if not informative:
+                return {**full, "train/skipped": 1.0, "train/step_s": time.perf_counter() - start}
+            batch = [batch[i] for i in informative]
+            advantages = [advantages[i] for i in informative]
         shards = shard_by_group(batch, len(self.actors))
         plans = [
             plan_micro_batches([len(batch[i].token_ids) for i in s], self.cfg.micro_batch_tokens)
@@ -124,16 +141,10 @@ class LearnerGroup:
             "train/kl": total["kl_sum"] / policy_tokens,
             "train/entropy": total["entropy_sum"] / policy_tokens,
             "train/clip_frac": total["clip_sum"] / policy_tokens,
-            "train/zero_adv_token_frac": total["zero_adv_tokens"] / policy_tokens,
             "train/effective_grad_l2": math.sqrt(total["signal_sq_sum"]),
-            "train/effective_batch": float(
-                sum(
-                    1
-                    for e, a in zip(batch, advantages, strict=True)
-                    if abs(a) > ZERO_ADV and e.num_policy_tokens
-                )
-            ),
-            "train/batch_size": float(len(batch)),
+            **full,
+            "train/skipped": 0.0,
+            "train/trained_sequences": float(len(batch)),
             "train/policy_tokens": total["policy_tokens"],
             "train/tokens": total["tokens"],
             "train/padding_frac": 1.0 - total["tokens"] / max(total["padded_tokens"], 1.0),

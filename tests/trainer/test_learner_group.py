@@ -39,6 +39,23 @@ def test_zero2_pair_stays_identical_and_matches_one_learner(ray_cluster, tiny_mo
         pair.shutdown()
 
 
+def test_zero_advantage_sequences_cost_nothing_and_change_nothing(ray_cluster, tiny_model_dir):
+    """Zero-variance groups stay in the denominator (the dilution) but get no forward pass; a
+    batch with nothing to learn is skipped and leaves the weights untouched."""
+    group = LearnerGroup(TrainerConfig(lr=1e-3, micro_batch_tokens=64), tiny_model_dir, seed=1)
+    try:
+        start = group.weights_checksum()
+        m = group.train_step(make_batch(7, {"c": [1.0, 1.0, 1.0], "z": [0.0, 0.0]}, turns=2))
+        assert m["train/skipped"] == 1.0 and m["train/zero_adv_token_frac"] == 1.0
+        assert group.weights_checksum() == start
+        m = group.train_step(make_batch(8, {"a": [1.0, 0.0], "c": [1.0, 1.0, 1.0]}, turns=2))
+        assert m["train/skipped"] == 0.0 and m["train/trained_sequences"] == 2.0
+        assert m["train/batch_size"] == 5.0 and 0 < m["train/zero_adv_token_frac"] < 1
+        assert group.weights_checksum() != start
+    finally:
+        group.shutdown()
+
+
 @pytest.mark.parametrize("method", ["gloo", "object_store"])
 def test_weight_sync_makes_the_engine_score_like_the_learner(ray_cluster, tiny_model_dir, method):
     cfg = TrainerConfig(lr=1e-2, lora=LoraConfig(enabled=True, rank=4), weight_sync=method)
