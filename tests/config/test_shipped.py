@@ -10,12 +10,25 @@ from selective_rollout.config.reference import render
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+RUN_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if "arms:" not in p.read_text()]
+EXPERIMENTS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if p not in RUN_CONFIGS]
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
 def test_shipped_config_is_valid(path):
     cfg = load_config(path)
     assert cfg.rollout.group_size >= 2
     if cfg.rollout.strategy.startswith("selective"):
         assert cfg.gate.k <= cfg.rollout.max_steps
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path):
+    from selective_rollout.experiment import load_experiment
+
+    exp, base = load_experiment(path)
+    for arm in exp.arms.values():
+        load_config(base, [*exp.overrides, *arm])
 
 
 def test_paper_recipe_matches_the_paper():
