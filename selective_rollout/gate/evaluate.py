@@ -49,6 +49,12 @@ class LabelledGroup:
     def total_tokens(self) -> int:
         return sum(sum(t) for t in self.step_tokens)
 
+    def live_after(self, k: int) -> bool:
+        """Whether any trajectory was still running after K actions. The coordinator consults the
+        gate only then (a group that is already over has nothing left to save), so offline
+        evaluation does the same."""
+        return any(len(a) > k for a in self.actions)
+
     def tokens_after(self, k: int) -> int:
         """Step-tokens the group spends after step k: what a cut at k saves."""
         return sum(sum(t[k:]) for t in self.step_tokens)
@@ -119,7 +125,8 @@ def evaluate_gate(gate: Gate, label: str, tau: float, groups: Sequence[LabelledG
     """Apply one gate at its K to every group and score its decisions against the outcomes."""
     k = gate.k
     stops = [
-        gate.decide(GroupState(g.actions, step=k, ended=g.ended, final_rewards=g.rewards)).stop
+        g.live_after(k)
+        and gate.decide(GroupState(g.actions, step=k, ended=g.ended, final_rewards=g.rewards)).stop
         for g in groups
     ]
     zero = [g.zero_variance for g in groups]

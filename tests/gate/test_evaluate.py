@@ -79,6 +79,9 @@ def test_cli_writes_csv_and_png(tmp_path, capsys):
     assert float(row["adv_l2_preserved"]) == pytest.approx((3 / 4) ** 0.5, abs=1e-4)
     # D_K separates the classes imperfectly: informative groups have higher distance
     assert 0.5 < float(row["auroc"]) < 1.0
+    # at K = 10 every trajectory has already ended: as online, the gate is never consulted
+    late = next(r for r in rows if r["gate"] == "prefix_edit" and r["k"] == "10" and float(r["tau"]) == 0.1)
+    assert (late["tp"], late["fp"], late["tokens_saved_frac"]) == ("0", "0", "0.0")
     assert "groups (5 zero-variance)" in capsys.readouterr().out
 
 
