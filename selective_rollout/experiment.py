@@ -70,7 +70,12 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
         exp = ExperimentConfig.model_validate(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ConfigError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        hint = (
+            " (YAML reads bare on/off/yes/no as booleans: quote such arm names)"
+            if "[key]" in first["loc"]
+            else ""
+        )
+        raise ConfigError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}{hint}") from None
     base = Path(exp.base) if Path(exp.base).is_file() else path.parent / exp.base
     if not base.is_file():
         raise ConfigError(f"{path}: base config {exp.base} not found")

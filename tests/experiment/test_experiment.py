@@ -70,6 +70,9 @@ def test_bad_experiment_files(tmp_path):
     bad.write_text("base: cpu_default.yaml\narms: {only: []}\n")
     with pytest.raises(ConfigError, match="arms"):
         load_experiment(bad)
+    bad.write_text("base: cpu_default.yaml\narms: {on: [], off: []}\n")
+    with pytest.raises(ConfigError, match="quote such arm names"):
+        load_experiment(bad)
     bad.write_text("base: nowhere.yaml\narms: {a: [], b: []}\n")
     with pytest.raises(ConfigError, match="base config"):
         load_experiment(bad)
@@ -104,16 +107,16 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
     exp.write_text(
         "name: tiny\nbase: " + str(Path("configs/cpu_default.yaml").resolve()) + "\n"
         "overrides: [" + ", ".join(f'"{o}"' for o in overrides) + "]\n"
-        "arms: {off: [rollout.strategy=none], on: [rollout.strategy=selective]}\n"
+        "arms: {ungated: [rollout.strategy=none], gated: [rollout.strategy=selective]}\n"
         "seeds: [0]\nsweep: {k: [2], tau: '0.1,0.5'}\n"
     )
     report = run_experiment(exp, tmp_path / "out")
     out = tmp_path / "out"
     with (out / "experiment.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert [(r["arm"], r["seed"]) for r in rows] == [("off", "0"), ("on", "0")]
+    assert [(r["arm"], r["seed"]) for r in rows] == [("ungated", "0"), ("gated", "0")]
     assert all(float(r["wall_s"]) > 0 and float(r["step_tokens"]) > 0 for r in rows)
     text = report.read_text()
-    assert "Paired differences vs `off`" in text and "| on | wall-clock (s) |" in text
+    assert "Paired differences vs `ungated`" in text and "| gated | wall-clock (s) |" in text
     assert (out / "experiment.png").stat().st_size > 5_000
     assert (out / "sweep" / "gate_eval.csv").is_file()
