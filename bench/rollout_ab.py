@@ -123,11 +123,17 @@ def main() -> None:
         both = run_arm(
             cfg("rollout.strategy=selective+dapo", *common), engines, model, tasks, "selective+dapo"
         )
-        per = {k: v["wall"] / max(v["informative"], 1) for k, v in (("dapo", dapo), ("both", both))}
-        print(
-            f"  wall per informative group: dapo {per['dapo']:.1f} s, selective+dapo {per['both']:.1f} s, "
-            f"{1 - per['both'] / per['dapo']:.1%} less  (target >= 30%)"
-        )
+        if dapo["informative"] and both["informative"]:
+            per_dapo, per_both = dapo["wall"] / dapo["informative"], both["wall"] / both["informative"]
+            print(
+                f"  wall per informative group: dapo {per_dapo:.1f} s, selective+dapo {per_both:.1f} s, "
+                f"{1 - per_both / per_dapo:.1%} less  (target >= 30%)"
+            )
+        else:
+            print(
+                f"  not measurable on this stream: informative groups delivered: dapo {dapo['informative']}, "
+                f"selective+dapo {both['informative']} (raise --tasks or use a policy with more mixed groups)"
+            )
     ray.get([e.shutdown.remote() for e in engines])
 
 
