@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +23,10 @@ def _split_root(root: str | Path, split: str, source: str) -> Path:
         path = Path(root) / split
         fix = f"generate it with `python -m alfworld_env.generate --out {root} --split {split} --n N`"
     elif source == "official":
-        data = os.environ.get("ALFWORLD_DATA") or str(root)
-        path = Path(data) / "json_2.1.1" / split
-        fix = "download ALFWorld's data (`alfworld-download`) and set ALFWORLD_DATA to its folder"
+        # ``root`` only: importing alfworld sets ALFWORLD_DATA to ~/.cache/alfworld behind our back,
+        # so the variable is read where the caller chooses (the GPU configs: env.games_dir defaults to it)
+        path = Path(root) / "json_2.1.1" / split
+        fix = "download ALFWorld's data (`alfworld-download`); point env.games_dir (or ALFWORLD_DATA) at it"
     else:
         raise ValueError(f"unknown game source {source!r}; expected 'generated' or 'official'")
     if not path.is_dir():
@@ -37,8 +37,8 @@ def _split_root(root: str | Path, split: str, source: str) -> Path:
 def load_games(root: str | Path, split: str, source: str = "generated") -> list[GameInfo]:
     """Every solvable game of a split, sorted by task id.
 
-    ``official`` reads ``$ALFWORLD_DATA/json_2.1.1/<split>`` (``root`` stands in when the variable
-    is unset) and, like ALFWorld, skips movable-receptacle and sliced tasks and games marked
+    ``official`` reads ``<root>/json_2.1.1/<split>`` (``root`` is ALFWorld's data folder, what
+    ``$ALFWORLD_DATA`` names) and, like ALFWorld, skips movable-receptacle and sliced tasks and games marked
     unsolvable.
     """
     base = _split_root(root, split, source)

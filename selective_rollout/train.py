@@ -56,10 +56,11 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
-        init_ray(ray_address)
+        # data and model first: a missing dataset or model fails in seconds, before Ray starts
         self.train_tasks = train_tasks(cfg)
         self.eval_tasks = held_out_tasks(cfg)
         model_path = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+        init_ray(ray_address)
         if cfg.warm_start.enabled:
             model_path = warm_start_model(cfg, model_path)
         self.model_path = model_path

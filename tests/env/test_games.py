@@ -174,8 +174,8 @@ def test_official_layout_is_loaded_and_filtered(tiny_games, tmp_path, monkeypatc
     keep = base / "pick_and_place_simple-Pan-None-Fridge-1" / "trial_T2019"
     shutil.copytree(src, keep)
     shutil.copytree(src, base / "pick_and_place_with_movable_recep-Pan-Bowl-Fridge-1" / "trial_T1")
-    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "alfworld_data"))
-    games = load_games("unused", "valid_seen", source="official")
+    monkeypatch.setenv("ALFWORLD_DATA", "/elsewhere")  # as importing alfworld does: must not matter
+    games = load_games(tmp_path / "alfworld_data", "valid_seen", source="official")
     assert [g.game_dir for g in games] == [str(keep)]
     assert games[0].task_id == "valid_seen/pick_and_place_simple-Pan-None-Fridge-1/trial_T2019"
 
