@@ -77,11 +77,6 @@ class Trajectory:
         return [s.action for s in self.steps]
 
     @property
-    def ended(self) -> bool:
-        """True when the episode is over by the environment's word (not by a cut)."""
-        return self.status in (TrajectoryStatus.FINISHED, TrajectoryStatus.TRUNCATED)
-
-    @property
     def step_tokens(self) -> list[int]:
         return [s.step_tokens for s in self.steps]
 

@@ -74,10 +74,6 @@ class DivergenceTracker:
     def length(self, i: int) -> int:
         return len(self._seqs[i])
 
-    @property
-    def ended(self) -> list[bool]:
-        return list(self._ended)
-
     def distance(self, k: int) -> float:
         """D_k over the first k actions of every trajectory (ended ones END-padded)."""
         if k < 1:

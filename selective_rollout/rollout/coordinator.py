@@ -167,7 +167,7 @@ class GroupCoordinator:
                     self.writer.write(record)
                 if outcome is Outcome.COMPLETED:
                     kept.append(group)
-        metrics = self._metrics(records, kept, time.perf_counter() - t0, start_tokens, start_steps)
+        metrics = self._metrics(records, time.perf_counter() - t0, start_tokens, start_steps)
         experiences = [e for g in kept for e in g.experiences()]
         return RolloutBatch(experiences, records, metrics, cursor, [g.group_id for g in kept])
 
@@ -354,7 +354,7 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ metrics
     def _metrics(
-        self, records: list[GroupRecord], kept: list[GroupRun], wall: float, tokens0: int, steps0: int
+        self, records: list[GroupRecord], wall: float, tokens0: int, steps0: int
     ) -> dict[str, float]:
         outcomes = Counter(r.outcome for r in records)
         labelled = [r for r in records if r.zero_variance is not None]
