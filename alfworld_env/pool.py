@@ -54,8 +54,10 @@ class EnvWorker:
         self._episodes: dict[str, Episode] = {}
         self._stats = _WorkerStats()
 
-    def pid(self) -> int:
-        return os.getpid()
+    def location(self) -> dict[str, object]:
+        """Which Ray node and process host this worker (for placement checks on a cluster)."""
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
     def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[tuple[str, list[str], bool]]:
         start = time.perf_counter()
@@ -126,8 +128,11 @@ class EnvPool:
     def _spawn(self):
         return ray.remote(EnvWorker).options(**self._options).remote(self._parse_cache)
 
+    def worker_locations(self) -> list[dict[str, object]]:
+        return ray.get([s.actor.location.remote() for s in self._slots])
+
     def worker_pids(self) -> list[int]:
-        return ray.get([s.actor.pid.remote() for s in self._slots])
+        return [int(loc["pid"]) for loc in self.worker_locations()]
 
     def _replace(self, index: int, reason: str) -> None:
         """The worker died: mark its episodes failed and put a fresh worker in its slot."""

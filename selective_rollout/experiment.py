@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -22,18 +23,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from selective_rollout.config import ConfigError, load_config
+from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.evaluate import bootstrap_ci
 
 log = logging.getLogger("selective_rollout.experiment")
 
 METRICS = {
     "wall_s": "wall-clock (s)",
+    "rollout_wall_s": "rollout wall-clock (s)",
     "step_tokens": "rollout step-tokens",
     "groups_cut": "groups cut",
+    "groups_kept": "groups trained on",
+    "informative_kept": "informative groups trained on",
+    "rollout_s_per_informative": "rollout s per informative group",
     "audit_precision": "audited gate precision",
     "zero_var_frac": "zero-variance share",
     "success_before": "held-out success before",
@@ -83,23 +89,57 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
 
 
 def run_arm(base: Path, overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
-    """One training run; returns its report.json summary, flattened to the experiment's metrics."""
-    import json
-
+    """One training run, or the finished run already in ``run_dir`` when its config is identical
+    (an interrupted experiment resumes: finished arms are read back, a partial one resumes from
+    its last checkpoint); returns the run's experiment metrics."""
     from selective_rollout.train import Trainer
 
     cfg = load_config(base, [*overrides, f"train.run_dir={run_dir}"])
+    if finished_run(run_dir, cfg):
+        log.info("reusing the finished run in %s (same config)", run_dir)
+        return arm_metrics(run_dir)
     trainer = Trainer(cfg, run_dir)
     try:
         trainer.run()
     finally:
         trainer.close()
+    return arm_metrics(run_dir)
+
+
+def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
+    """True when ``run_dir`` holds a complete run of exactly ``cfg``; a different config is an error."""
+    saved, report = run_dir / "config.yaml", run_dir / "report.json"
+    if not saved.is_file():
+        return False
+    if RunConfig.model_validate(yaml.safe_load(saved.read_text())) != cfg:
+        raise ConfigError(f"{run_dir} holds a run of a different config: pass another --out")
+    if not report.is_file():
+        return False
+    done = json.loads(report.read_text())
+    return done.get("iterations") == cfg.train.iterations and "after" in done.get("eval", {})
+
+
+def arm_metrics(run_dir: Path) -> dict[str, Any]:
+    """The experiment's metrics of one finished run, recomputed from its logs (report.json for
+    wall-clock and evaluation, metrics.jsonl for rollout time, rollouts.jsonl for outcomes)."""
+    from selective_rollout.metrics_log import read_metrics
+    from selective_rollout.records import read_groups
+    from selective_rollout.report import rollout_summary, rollout_wall_s
+
     report = json.loads((run_dir / "report.json").read_text())
-    r, ev = report["rollout"], report["eval"]
+    rollouts = run_dir / "rollouts.jsonl"
+    r = rollout_summary(list(read_groups(rollouts)) if rollouts.is_file() else [])
+    ev = report["eval"]
+    rollout_wall = rollout_wall_s(read_metrics(run_dir / "metrics.jsonl"))
+    informative = r["informative_kept"]
     return {
         "wall_s": report["wall_s"],
+        "rollout_wall_s": rollout_wall,
         "step_tokens": r["step_tokens_spent"],
         "groups_cut": r["outcomes"]["cut"],
+        "groups_kept": r["kept"],
+        "informative_kept": informative,
+        "rollout_s_per_informative": rollout_wall / informative if informative else None,
         "audit_precision": r["audit_precision"],
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
@@ -188,8 +228,8 @@ def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["wall_s", "step_tokens", "groups_cut", "success_after"]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6))
+    keys = ["wall_s", "rollout_wall_s", "step_tokens", "groups_cut", "informative_kept", "success_after"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.6))
     for ax, key in zip(axes, keys, strict=True):
         for i, arm in enumerate(arms):
             vals = [r[key] for r in rows if r["arm"] == arm and r.get(key) is not None]

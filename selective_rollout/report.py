@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from selective_rollout.metrics_log import read_metrics
+from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
 from selective_rollout.records import GroupRecord, Outcome, read_groups
 
 
@@ -28,11 +29,14 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
     labelled = [g for g in train if g.zero_variance is not None]
     audited = [g for g in train if g.outcome is Outcome.AUDITED]
     cut = [g for g in train if g.outcome is Outcome.CUT]
+    kept = [g for g in train if g.outcome is Outcome.COMPLETED]
     spent = sum(g.step_tokens for g in train)
     summary: dict[str, Any] = {
         "groups": len(train),
         "outcomes": outcomes,
         "zero_var_frac": sum(bool(g.zero_variance) for g in labelled) / len(labelled) if labelled else None,
+        "kept": len(kept),
+        "informative_kept": sum(g.zero_variance is False for g in kept),
         "gate_fires": sum(1 for g in train if g.gate is not None and g.gate.stop),
         "step_tokens_spent": spent,
         "step_tokens_in_cut_groups": sum(g.step_tokens for g in cut),
@@ -48,6 +52,11 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
         summary["step_tokens_saved_est"] = saved
         summary["step_tokens_saved_frac_est"] = saved / (spent + saved)
     return summary
+
+
+def rollout_wall_s(metrics: Sequence[dict[str, Any]]) -> float:
+    """Seconds the training iterations spent in rollouts (learner, sync and evaluation excluded)."""
+    return sum(m["rollout/wall_s"] for m in metrics if m["iteration"] >= 0 and "rollout/wall_s" in m)
 
 
 def _fmt(value: Any, pct: bool = False) -> str:
@@ -146,13 +155,16 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
     summary = rollout_summary(groups)
     evals = state.get("eval", {})
     plots = plot_run(metrics, groups, run_dir)
+    placement = read_placement(run_dir)
     report = {
         "run": run_dir.name,
         "iterations": state.get("iteration", 0),
         "wall_s": state.get("wall_s", 0.0),
+        "rollout_wall_s": rollout_wall_s(metrics),
         "rollout": summary,
         "eval": evals,
         "plots": [p.name for p in plots],
+        "placement": nodes_by_kind(placement),
     }
     (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     before, after = evals.get("before"), evals.get("after")
@@ -169,9 +181,10 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
         "| | |",
         "|---|---|",
         f"| iterations | {report['iterations']} |",
-        f"| wall-clock | {report['wall_s']:.0f} s |",
+        f"| wall-clock | {report['wall_s']:.0f} s (rollouts {report['rollout_wall_s']:.0f} s) |",
         f"| groups started | {summary['groups'] - o['skipped']} (kept {o['completed']}, cut {o['cut']}, "
         f"audited {o['audited']}, filtered {o['filtered']}, failed {o['failed']}, skipped {o['skipped']}) |",
+        f"| groups trained on | {summary['kept']} ({summary['informative_kept']} informative) |",
         f"| zero-variance share (groups with a known outcome) | {_fmt(summary['zero_var_frac'], True)} |",
         f"| gate fires | {summary['gate_fires']} |",
         f"| audited gate precision | {_fmt(summary['audit_precision'], True)} "
@@ -195,6 +208,7 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
         ]
         lines += [f"| {k} | {v['success_rate']:.1%} | {v['tasks']} |" for k, v in after["by_type"].items()]
         lines.append("")
+    lines += placement_lines(placement)
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -79,8 +79,37 @@ class Trainer:
             cfg, self.engines, model_path, run_dir, place.coordinator_options(), place.env_worker_options()
         )
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
+        self.record_placement()
         self.ckpt_dir = run_dir / "checkpoints"
         self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
+
+    def record_placement(self) -> None:
+        """Write placement.json and log how many nodes each kind of actor landed on."""
+        import ray
+
+        from selective_rollout.placement import nodes_by_kind, write_placement
+
+        engines = [e.location.remote() for e in self.engines]
+        coordinator = self.coordinator.placement.remote()
+        pending, waited = [*engines, coordinator], 0
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=60)
+            if pending:
+                waited += 60
+                log.warning(
+                    "%d actor(s) not started after %d s: Ray may be unable to place them; compare the "
+                    "placement section with the cluster's resources (`ray status`, docs/cluster.md)",
+                    len(pending),
+                    waited,
+                )
+        placement = {
+            "engines": ray.get(engines),
+            "learners": self.learner.locations(),
+            **ray.get(coordinator),
+        }
+        write_placement(self.run_dir, placement)
+        for kind, nodes in nodes_by_kind(placement).items():
+            log.info("placement: %d %s on %d node(s): %s", sum(nodes.values()), kind, len(nodes), nodes)
 
     def resume(self) -> None:
         extra = self.learner.resume(self.ckpt_dir)

@@ -24,6 +24,9 @@ class PlacementConfig(Section):
     env_worker_resources: dict[str, float] = Field(
         default_factory=dict, description="custom resources per env worker, e.g. {env_node: 0.01}"
     )
+    env_worker_spread: bool = Field(
+        False, description="spread env workers over every node that can host them (Ray SPREAD), not pack"
+    )
     coordinator_resources: dict[str, float] = Field(default_factory=dict, description="custom resources")
 
     def learner_options(self) -> dict[str, object]:
@@ -37,7 +40,13 @@ class PlacementConfig(Section):
         return {"resources": dict(self.engine_resources)} if self.engine_resources else {}
 
     def env_worker_options(self) -> dict[str, object]:
-        return {"num_cpus": self.env_worker_num_cpus, "resources": dict(self.env_worker_resources)}
+        options: dict[str, object] = {
+            "num_cpus": self.env_worker_num_cpus,
+            "resources": dict(self.env_worker_resources),
+        }
+        if self.env_worker_spread:
+            options["scheduling_strategy"] = "SPREAD"
+        return options
 
     def coordinator_options(self) -> dict[str, object]:
         return {"resources": dict(self.coordinator_resources)} if self.coordinator_resources else {}

@@ -450,6 +450,12 @@ class CoordinatorActor:
     async def env_worker_pids(self) -> list[int]:
         return self.pool.worker_pids()
 
+    async def placement(self) -> dict[str, list[dict[str, Any]]]:
+        """Where this actor and its env workers run (the driver adds engines and learners)."""
+        from selective_rollout.placement import here
+
+        return {"coordinator": [here()], "env_workers": self.pool.worker_locations()}
+
     async def shutdown(self) -> None:
         self.coordinator.close()
         self.pool.shutdown()

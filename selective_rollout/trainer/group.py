@@ -198,6 +198,10 @@ class LearnerGroup:
         """Sum of float64 sums of the weights engines receive (LoRA merged), on rank 0."""
         return self._on_rank0("weights_checksum")
 
+    def locations(self) -> list[dict[str, Any]]:
+        """Where each learner rank runs, in rank order."""
+        return self._on_all("location")
+
     def replica_checksums(self) -> list[float]:
         """``weights_checksum`` of every learner: data-parallel replicas must agree exactly."""
         return self._on_all("weights_checksum")

@@ -149,6 +149,12 @@ class LearnerWorker:
     def device_type(self) -> str:
         return self.device.type
 
+    def location(self) -> dict[str, Any]:
+        """This learner's Ray node and process (``placement.json``)."""
+        from selective_rollout.placement import here
+
+        return here()
+
     @property
     def device(self) -> torch.device:
         return self.engine.device

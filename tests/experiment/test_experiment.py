@@ -80,7 +80,25 @@ def test_bad_experiment_files(tmp_path):
 
 def test_shipped_ab_config_loads():
     exp, base = load_experiment("configs/ab_cpu.yaml")
-    assert list(exp.arms) == ["gate_off", "gate_on"] and base.name == "cpu_default.yaml"
+    assert list(exp.arms) == ["gate_off", "gate_on", "gate_on_no_refill"] and base.name == "cpu_default.yaml"
+
+
+def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
+    from selective_rollout.config import dump_config, load_config
+    from selective_rollout.experiment import finished_run
+
+    cfg = load_config("configs/cpu_default.yaml", ["train.iterations=2"])
+    run = tmp_path / "arm-s0"
+    assert not finished_run(run, cfg)  # nothing there yet
+    run.mkdir()
+    dump_config(cfg, run / "config.yaml")
+    assert not finished_run(run, cfg)  # started, no report: the trainer resumes it
+    (run / "report.json").write_text('{"iterations": 1, "eval": {"before": {}}}')
+    assert not finished_run(run, cfg)  # stopped after iteration 1
+    (run / "report.json").write_text('{"iterations": 2, "eval": {"before": {}, "after": {}}}')
+    assert finished_run(run, cfg)
+    with pytest.raises(ConfigError, match="different config"):
+        finished_run(run, load_config("configs/cpu_default.yaml", ["train.iterations=2", "gate.tau=0.3"]))
 
 
 @pytest.mark.slow
@@ -120,3 +138,13 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
     assert "Paired differences vs `ungated`" in text and "| gated | wall-clock (s) |" in text
     assert (out / "experiment.png").stat().st_size > 5_000
     assert (out / "sweep" / "gate_eval.csv").is_file()
+    for r in rows:
+        assert int(r["groups_kept"]) + int(r["groups_cut"]) >= 1 and float(r["rollout_wall_s"]) > 0
+
+    # run again: both arms are read back from their finished runs, nothing is trained again
+    metrics = out / "gated-s0" / "metrics.jsonl"
+    before = metrics.stat().st_mtime_ns
+    run_experiment(exp, out)
+    with (out / "experiment.csv").open() as fh:
+        assert list(csv.DictReader(fh)) == rows
+    assert metrics.stat().st_mtime_ns == before

@@ -188,7 +188,7 @@ def wait_for_nodes(head: RayNode, count: int, timeout_s: float = 120.0) -> list:
     raise TimeoutError(f"{len(alive)} of {count} Ray nodes alive after {timeout_s} s:\n{head.log_tail()}")
 
 
-def submit(dashboard_url: str, *args: str) -> subprocess.CompletedProcess:
+def submit(dashboard_url: str, *args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
     """Run ``launch/submit.py`` from the repository root, as a user would, against ``dashboard_url``."""
     return subprocess.run(
         [sys.executable, str(REPO / "launch" / "submit.py"), "--address", dashboard_url, *args],
@@ -196,5 +196,5 @@ def submit(dashboard_url: str, *args: str) -> subprocess.CompletedProcess:
         env=node_env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout_s,
     )

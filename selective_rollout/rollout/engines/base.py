@@ -124,3 +124,9 @@ class RolloutEngine(ABC):
     @abstractmethod
     async def shutdown(self) -> None:
         """Abort everything in flight and free the model."""
+
+    async def location(self) -> dict[str, Any]:
+        """This engine's Ray node and process (``placement.json``)."""
+        from selective_rollout.placement import here
+
+        return here()
