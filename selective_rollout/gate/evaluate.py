@@ -217,7 +217,8 @@ def plot_pareto(rows: Sequence[GateRow], path: Path) -> None:
     ax.set_ylabel("precision (cut groups that were truly zero-variance)")
     ax.set_ylim(0, 1.05)
     ax.set_title("Gate Pareto front: savings vs precision")
-    ax.legend(fontsize=7, loc="lower left")
+    if ax.get_legend_handles_labels()[0]:  # nothing fired at any threshold: no curve to label
+        ax.legend(fontsize=7, loc="lower left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
