@@ -210,9 +210,10 @@ def write_outputs(out: Path, exp: ExperimentConfig, rows: list[dict[str, Any]]) 
     ]
     for d in diffs:
         rel = f"{d['rel']:+.1%}" if d["rel"] is not None else "n/a"
+        # one paired seed has no spread to resample: a CI there would look falsely exact
+        ci = f"[{d['ci_low']:+.4g}, {d['ci_high']:+.4g}]" if d["n"] > 1 else "n/a (1 seed)"
         lines.append(
-            f"| {d['arm']} | {METRICS[d['metric']]} | {d['mean_diff']:+.4g} | "
-            f"[{d['ci_low']:+.4g}, {d['ci_high']:+.4g}] | {rel} | {d['n']} |"
+            f"| {d['arm']} | {METRICS[d['metric']]} | {d['mean_diff']:+.4g} | {ci} | {rel} | {d['n']} |"
         )
     if len(exp.seeds) < 3:
         lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]

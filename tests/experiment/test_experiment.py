@@ -63,6 +63,17 @@ def test_outputs_are_written(tmp_path):
     assert (tmp_path / "experiment.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_difference_over_one_seed_has_no_ci(tmp_path):
+    rows = _rows()
+    for r in rows:
+        r["rollout_s_per_informative"] = 10.0 if r["seed"] == 0 else None
+    exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1, 2])
+    write_outputs(tmp_path, exp, rows)
+    lines = (tmp_path / "experiment.md").read_text().splitlines()
+    line = next(ln for ln in lines if ln.startswith("| on | rollout s per"))
+    assert "n/a (1 seed)" in line and line.endswith("| 1 |")
+
+
 def test_bad_experiment_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_experiment(tmp_path / "none.yaml")
