@@ -41,6 +41,8 @@ METRICS = {
     "informative_kept": "informative groups trained on",
     "rollout_s_per_informative": "rollout s per informative group",
     "audit_precision": "audited gate precision",
+    "cuts_matched": "cuts matched in the reference run",
+    "paired_cut_precision": "cuts zero-variance in the reference run",
     "zero_var_frac": "zero-variance share",
     "success_before": "held-out success before",
     "success_after": "held-out success after",
@@ -120,30 +122,45 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
 
 
 def arm_metrics(run_dir: Path) -> dict[str, Any]:
-    """The experiment's metrics of one finished run, recomputed from its logs (report.json for
-    wall-clock and evaluation, metrics.jsonl for rollout time, rollouts.jsonl for outcomes)."""
-    from selective_rollout.metrics_log import read_metrics
-    from selective_rollout.records import read_groups
-    from selective_rollout.report import rollout_summary, rollout_wall_s
-
+    """The experiment's metrics of one finished run, from its report.json."""
     report = json.loads((run_dir / "report.json").read_text())
-    rollouts = run_dir / "rollouts.jsonl"
-    r = rollout_summary(list(read_groups(rollouts)) if rollouts.is_file() else [])
-    ev = report["eval"]
-    rollout_wall = rollout_wall_s(read_metrics(run_dir / "metrics.jsonl"))
+    r, ev = report["rollout"], report["eval"]
     informative = r["informative_kept"]
     return {
         "wall_s": report["wall_s"],
-        "rollout_wall_s": rollout_wall,
+        "rollout_wall_s": report["rollout_wall_s"],
         "step_tokens": r["step_tokens_spent"],
         "groups_cut": r["outcomes"]["cut"],
         "groups_kept": r["kept"],
         "informative_kept": informative,
-        "rollout_s_per_informative": rollout_wall / informative if informative else None,
+        "rollout_s_per_informative": report["rollout_wall_s"] / informative if informative else None,
         "audit_precision": r["audit_precision"],
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
         "success_after": ev.get("after", {}).get("success_rate"),
+    }
+
+
+def paired_cut_precision(reference: Path, run: Path) -> dict[str, Any]:
+    """The gate's precision without an audit: of ``run``'s cut groups, the share whose task ended
+    with one reward for all in the same iteration of the ``reference`` run (the ungated arm on
+    the same task stream). Cuts of tasks the reference did not run in that iteration (its stream
+    diverged, e.g. after a refill) are left out; ``cuts_matched`` says how many were compared."""
+    from selective_rollout.records import Outcome, read_groups
+
+    outcome = {
+        (g.iteration, g.task_id): g.zero_variance
+        for g in read_groups(reference / "rollouts.jsonl")
+        if g.zero_variance is not None
+    }
+    matched = [
+        outcome[(g.iteration, g.task_id)]
+        for g in read_groups(run / "rollouts.jsonl")
+        if g.outcome is Outcome.CUT and (g.iteration, g.task_id) in outcome
+    ]
+    return {
+        "cuts_matched": len(matched),
+        "paired_cut_precision": sum(matched) / len(matched) if matched else None,
     }
 
 
@@ -263,6 +280,7 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
     out = out or Path("runs") / f"experiment-{exp.name}"
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
+    reference = next(iter(exp.arms))
     for seed in exp.seeds:
         for arm, arm_overrides in exp.arms.items():
             run_dir = out / f"{arm}-s{seed}"
@@ -274,7 +292,10 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
                 f"name={arm}-s{seed}",
             ]
             log.info("experiment %s: arm %s, seed %d -> %s", exp.name, arm, seed, run_dir)
-            rows.append({"arm": arm, "seed": seed, **run_arm(base, overrides, run_dir)})
+            row = {"arm": arm, "seed": seed, **run_arm(base, overrides, run_dir)}
+            if arm != reference:  # the reference arm ran first for this seed
+                row.update(paired_cut_precision(out / f"{reference}-s{seed}", run_dir))
+            rows.append(row)
             run_dirs.append(run_dir)
     write_outputs(out, exp, rows)
     if exp.sweep is not None:

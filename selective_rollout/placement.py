@@ -43,15 +43,15 @@ def nodes_by_kind(placement: dict[str, list[Location]]) -> dict[str, dict[str, i
     }
 
 
-def placement_lines(placement: dict[str, list[Location]]) -> list[str]:
-    """A markdown table for report.md: one row per actor kind."""
-    if not placement:
+def placement_lines(nodes: dict[str, dict[str, int]]) -> list[str]:
+    """A markdown table for report.md from ``nodes_by_kind``: one row per actor kind."""
+    if not nodes:
         return []
     rows = [
-        f"| {kind} | {sum(nodes.values())} | {len(nodes)} | "
-        + ", ".join(f"{label} x{n}" for label, n in nodes.items())
+        f"| {kind} | {sum(counts.values())} | {len(counts)} | "
+        + ", ".join(f"{label} x{n}" for label, n in counts.items())
         + " |"
-        for kind, nodes in nodes_by_kind(placement).items()
+        for kind, counts in nodes.items()
     ]
     header = ["## Placement", "", "| actors | count | nodes | node (ip/id) x actors |", "|---|---|---|---|"]
     return [*header, *rows, ""]

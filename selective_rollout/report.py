@@ -54,11 +54,6 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
     return summary
 
 
-def rollout_wall_s(metrics: Sequence[dict[str, Any]]) -> float:
-    """Seconds the training iterations spent in rollouts (learner, sync and evaluation excluded)."""
-    return sum(m["rollout/wall_s"] for m in metrics if m["iteration"] >= 0 and "rollout/wall_s" in m)
-
-
 def _fmt(value: Any, pct: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
@@ -155,16 +150,19 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
     summary = rollout_summary(groups)
     evals = state.get("eval", {})
     plots = plot_run(metrics, groups, run_dir)
-    placement = read_placement(run_dir)
+    placement = nodes_by_kind(read_placement(run_dir))
     report = {
         "run": run_dir.name,
         "iterations": state.get("iteration", 0),
         "wall_s": state.get("wall_s", 0.0),
-        "rollout_wall_s": rollout_wall_s(metrics),
+        # the rollout share of the iterations (learner, weight sync and evaluation excluded)
+        "rollout_wall_s": sum(
+            m["rollout/wall_s"] for m in metrics if m["iteration"] >= 0 and "rollout/wall_s" in m
+        ),
         "rollout": summary,
         "eval": evals,
         "plots": [p.name for p in plots],
-        "placement": nodes_by_kind(placement),
+        "placement": placement,
     }
     (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     before, after = evals.get("before"), evals.get("after")

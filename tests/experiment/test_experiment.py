@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from selective_rollout.config import ConfigError
-from selective_rollout.experiment import ExperimentConfig, load_experiment, paired_differences, write_outputs
+from selective_rollout.experiment import (
+    ExperimentConfig,
+    load_experiment,
+    paired_cut_precision,
+    paired_differences,
+    write_outputs,
+)
+from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Step, Trajectory
 
 
 def _rows():
@@ -72,6 +79,35 @@ def test_a_difference_over_one_seed_has_no_ci(tmp_path):
     lines = (tmp_path / "experiment.md").read_text().splitlines()
     line = next(ln for ln in lines if ln.startswith("| on | rollout s per"))
     assert "n/a (1 seed)" in line and line.endswith("| 1 |")
+
+
+def _logged(run: Path, groups: list[tuple[int, str, list[float | None], Outcome]]) -> Path:
+    run.mkdir()
+    with GroupWriter(run / "rollouts.jsonl") as w:
+        for n, (iteration, task, rewards, outcome) in enumerate(groups):
+            trajs = [Trajectory(index=i, steps=[Step(action="go")], reward=r) for i, r in enumerate(rewards)]
+            w.write(GroupRecord(f"g{n}", task, "pick", trajs, outcome=outcome, iteration=iteration))
+    return run
+
+
+def test_cuts_are_checked_against_the_reference_run_of_the_same_task_and_iteration(tmp_path):
+    done, cut = Outcome.COMPLETED, Outcome.CUT
+    reference = _logged(
+        tmp_path / "off",
+        [(0, "a", [1.0, 1.0], done), (0, "b", [0.0, 1.0], done), (1, "a", [0.0, 0.0], done)],
+    )
+    gated = _logged(
+        tmp_path / "on",
+        [
+            (0, "a", [None, None], cut),  # zero-variance in the reference: a true cut
+            (0, "b", [None, None], cut),  # mixed in the reference: a false cut
+            (1, "a", [None, None], cut),  # zero-variance there again
+            (1, "z", [None, None], cut),  # the reference never ran z in iteration 1: not compared
+            (0, "c", [1.0, 1.0], done),  # not a cut
+        ],
+    )
+    assert paired_cut_precision(reference, gated) == {"cuts_matched": 3, "paired_cut_precision": 2 / 3}
+    assert paired_cut_precision(reference, reference) == {"cuts_matched": 0, "paired_cut_precision": None}
 
 
 def test_bad_experiment_files(tmp_path):
@@ -151,6 +187,9 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
     assert (out / "sweep" / "gate_eval.csv").is_file()
     for r in rows:
         assert int(r["groups_kept"]) + int(r["groups_cut"]) >= 1 and float(r["rollout_wall_s"]) > 0
+    # the first cut is of a task the ungated arm also ran; a refilled task may not be
+    cut, matched = int(rows[1]["groups_cut"]), int(rows[1]["cuts_matched"])
+    assert rows[0]["cuts_matched"] == "" and matched <= cut and (matched >= 1 or cut == 0)
 
     # run again: both arms are read back from their finished runs, nothing is trained again
     metrics = out / "gated-s0" / "metrics.jsonl"

@@ -22,7 +22,7 @@ def test_nodes_are_counted_per_kind_and_rendered(tmp_path: Path) -> None:
         "engines": {"10.0.0.1/aaaaaaaa": 1},
         "env_workers": {"10.0.0.1/aaaaaaaa": 1, "10.0.0.2/bbbbbbbb": 2},
     }
-    rows = [ln for ln in placement_lines(placement) if ln.startswith("| env_workers")]
+    rows = [ln for ln in placement_lines(nodes_by_kind(placement)) if ln.startswith("| env_workers")]
     assert rows == ["| env_workers | 3 | 2 | 10.0.0.1/aaaaaaaa x1, 10.0.0.2/bbbbbbbb x2 |"]
 
 
