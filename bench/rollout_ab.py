@@ -29,12 +29,14 @@ from selective_rollout.config import load_config
 from selective_rollout.records import Outcome
 
 
-def run_arm(cfg, engines, model_path, tasks, label: str) -> dict[str, Any]:
+def run_arm(cfg, engines, model_path, tasks, label: str, run_dir: Path | None = None) -> dict[str, Any]:
+    """One coordinator over ``tasks``, timed from its first rollout call to its batch
+    (``run_dir``: where its rollouts.jsonl goes; none by default)."""
     import ray
 
     from selective_rollout.rollout.coordinator import create_coordinator
 
-    coordinator = create_coordinator(cfg, engines, model_path, None)
+    coordinator = create_coordinator(cfg, engines, model_path, run_dir)
     try:
         ray.get(coordinator.env_metrics.remote())  # env workers up before the clock starts
         start = time.perf_counter()
@@ -72,7 +74,7 @@ def main() -> None:
     from selective_rollout.runtime import init_ray, task_stream, train_tasks
     from selective_rollout.sft import warm_start_model
 
-    base = load_config(args.config, ["rollout.audit_frac=0", *args.overrides])
+    base = load_config(args.config, ["rollout.audit_budget=0", *args.overrides])
     init_ray(None)
     model = resolve_model(base.engine.model, base.engine.model_cache_dir)
     if base.warm_start.enabled:
@@ -86,7 +88,7 @@ def main() -> None:
     )
 
     def cfg(*extra: str):
-        return load_config(args.config, ["rollout.audit_frac=0", *args.overrides, *extra])
+        return load_config(args.config, ["rollout.audit_budget=0", *args.overrides, *extra])
 
     if "gate" not in skip:
         print("\n[1] gate off vs on, paper protocol (no refill), same tasks")

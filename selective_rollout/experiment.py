@@ -40,9 +40,11 @@ METRICS = {
     "groups_kept": "groups trained on",
     "informative_kept": "informative groups trained on",
     "rollout_s_per_informative": "rollout s per informative group",
+    "step_tokens_per_informative": "step-tokens per informative group",
     "audit_precision": "audited gate precision",
     "cuts_matched": "cuts matched in the reference run",
     "paired_cut_precision": "cuts zero-variance in the reference run",
+    "false_cuts": "informative groups lost to false cuts (by the reference run)",
     "zero_var_frac": "zero-variance share",
     "success_before": "held-out success before",
     "success_after": "held-out success after",
@@ -134,6 +136,7 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "groups_kept": r["kept"],
         "informative_kept": informative,
         "rollout_s_per_informative": report["rollout_wall_s"] / informative if informative else None,
+        "step_tokens_per_informative": r["step_tokens_spent"] / informative if informative else None,
         "audit_precision": r["audit_precision"],
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
@@ -161,6 +164,7 @@ def paired_cut_precision(reference: Path, run: Path) -> dict[str, Any]:
     return {
         "cuts_matched": len(matched),
         "paired_cut_precision": sum(matched) / len(matched) if matched else None,
+        "false_cuts": len(matched) - sum(matched),
     }
 
 
@@ -246,7 +250,14 @@ def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ["wall_s", "rollout_wall_s", "step_tokens", "groups_cut", "informative_kept", "success_after"]
+    keys = [
+        "rollout_s_per_informative",
+        "step_tokens_per_informative",
+        "informative_kept",
+        "groups_cut",
+        "zero_var_frac",
+        "success_after",
+    ]
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.6))
     for ax, key in zip(axes, keys, strict=True):
         for i, arm in enumerate(arms):

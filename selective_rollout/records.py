@@ -129,6 +129,10 @@ class GroupRecord:
     def step_tokens(self) -> int:
         return sum(sum(t.step_tokens) for t in self.trajectories)
 
+    def tokens_after(self, step: int) -> int:
+        """Step-tokens the group spent after its first ``step`` steps (what a cut there saves)."""
+        return sum(sum(t.step_tokens[step:]) for t in self.trajectories)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["outcome"] = self.outcome.value

@@ -16,10 +16,39 @@ from typing import Any
 from selective_rollout.metrics_log import read_metrics
 from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
 from selective_rollout.records import GroupRecord, Outcome, read_groups
+from selective_rollout.stats import clopper_pearson
 
 
-def _tokens_after(group: GroupRecord, step: int) -> int:
-    return sum(sum(t.step_tokens[step:]) for t in group.trajectories)
+def saving_estimate(groups: Sequence[GroupRecord]) -> tuple[float, str]:
+    """Step-tokens the gate's cuts saved, and the basis of the estimate in words.
+
+    What a cut group would still have spent is unknown by construction. The best witnesses are
+    audited groups (stops that ran on in shadow: the same gate, the same kind of group); without
+    any, each cut is matched with the whole groups of its task type (all of them when its type
+    never ran to the end), counting what those spent after the cut's gate step.
+    """
+    cut = [g for g in groups if g.outcome is Outcome.CUT and g.gate is not None]
+    if not cut:
+        return 0.0, "no group was cut"
+    audited = [g for g in groups if g.outcome is Outcome.AUDITED and g.gate is not None]
+    if audited:
+        mean_after = sum(g.tokens_after(g.gate.step) for g in audited) / len(audited)
+        return mean_after * len(cut), (
+            f"from {len(audited)} audited group(s): the step-tokens they spent after their gate step, per cut"
+        )
+    whole = [g for g in groups if g.zero_variance is not None]
+    if not whole:
+        return 0.0, "not estimable: no group ran to the end"
+    saved, by_type = 0.0, 0
+    for g in cut:
+        peers = [w for w in whole if w.task_type == g.task_type]
+        by_type += bool(peers)
+        peers = peers or whole
+        saved += sum(w.tokens_after(g.gate.step) for w in peers) / len(peers)
+    return saved, (
+        f"no audited group: from what whole groups of the same task type spent after the gate step "
+        f"({by_type} of {len(cut)} cuts matched by type, the rest by all whole groups)"
+    )
 
 
 def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
@@ -31,7 +60,9 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
     cut = [g for g in train if g.outcome is Outcome.CUT]
     kept = [g for g in train if g.outcome is Outcome.COMPLETED]
     spent = sum(g.step_tokens for g in train)
-    summary: dict[str, Any] = {
+    hits = sum(bool(g.zero_variance) for g in audited)
+    saved, basis = saving_estimate(train)
+    return {
         "groups": len(train),
         "outcomes": outcomes,
         "zero_var_frac": sum(bool(g.zero_variance) for g in labelled) / len(labelled) if labelled else None,
@@ -41,17 +72,41 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
         "step_tokens_spent": spent,
         "step_tokens_in_cut_groups": sum(g.step_tokens for g in cut),
         "audited": len(audited),
-        "audit_precision": (sum(bool(g.zero_variance) for g in audited) / len(audited)) if audited else None,
-        "step_tokens_saved_est": None,
-        "step_tokens_saved_frac_est": None,
+        "audit_precision": hits / len(audited) if audited else None,
+        "audit_precision_ci95": list(clopper_pearson(hits, len(audited))) if audited else None,
+        "audit_step_tokens": sum(g.tokens_after(g.gate.step) for g in audited if g.gate is not None),
+        "step_tokens_saved_est": saved,
+        "step_tokens_saved_frac_est": saved / (spent + saved) if spent + saved else 0.0,
+        "step_tokens_saved_basis": basis,
     }
-    if audited and cut:
-        # tokens an audited group spent after its gate step = what a cut there saved
-        mean_after = sum(_tokens_after(g, g.gate.step) for g in audited) / len(audited)
-        saved = mean_after * len(cut)
-        summary["step_tokens_saved_est"] = saved
-        summary["step_tokens_saved_frac_est"] = saved / (spent + saved)
-    return summary
+
+
+def regime_summary(groups: Sequence[GroupRecord], k: int) -> dict[str, Any]:
+    """Is this run in the method's regime (DESIGN.md 4)? Over the groups that ran to the end:
+    the all-fail and all-succeed shares, the median trajectory length, and how many distinct
+    values D_K takes at the gate's step ``k`` (a gate needs a spread of D_K to measure anything)."""
+    from selective_rollout.gate import prefix_edit_distance
+
+    whole = [g for g in groups if g.iteration >= 0 and g.zero_variance is not None and g.g >= 2]
+    lengths = sorted(len(t.steps) for g in whole for t in g.trajectories)
+    rewards = [{t.reward for t in g.trajectories} for g in whole]
+    d_k = {round(prefix_edit_distance([t.actions for t in g.trajectories], k), 6) for g in whole}
+    n = len(whole)
+    return {
+        "groups": n,
+        "k": k,
+        "all_fail_frac": sum(r == {0.0} for r in rewards) / n if n else None,
+        "all_succeed_frac": sum(r == {1.0} for r in rewards) / n if n else None,
+        "median_trajectory_steps": _median(lengths),
+        "d_k_distinct": len(d_k),
+    }
+
+
+def _median(values: Sequence[int]) -> float | None:
+    if not values:
+        return None
+    mid = len(values) // 2
+    return float(values[mid]) if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _fmt(value: Any, pct: bool = False) -> str:
@@ -142,12 +197,14 @@ def plot_run(metrics: list[dict[str, Any]], groups: Sequence[GroupRecord], out: 
     return paths
 
 
-def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
-    """Write report.md, report.json and the plots into ``run_dir``; return report.md's path."""
+def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
+    """Write report.md, report.json and the plots into ``run_dir``; return report.md's path.
+    ``gate_k`` is the gate's step K, at which the regime's D_K spread is measured."""
     metrics = read_metrics(run_dir / "metrics.jsonl")
     rollouts = run_dir / "rollouts.jsonl"
     groups = list(read_groups(rollouts)) if rollouts.is_file() else []
     summary = rollout_summary(groups)
+    regime = regime_summary(groups, gate_k)
     evals = state.get("eval", {})
     plots = plot_run(metrics, groups, run_dir)
     placement = nodes_by_kind(read_placement(run_dir))
@@ -160,6 +217,7 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
             m["rollout/wall_s"] for m in metrics if m["iteration"] >= 0 and "rollout/wall_s" in m
         ),
         "rollout": summary,
+        "regime": regime,
         "eval": evals,
         "plots": [p.name for p in plots],
         "placement": placement,
@@ -173,6 +231,21 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
         return f"{e['success_rate']:.1%} (95% CI {e['ci95'][0]:.1%}..{e['ci95'][1]:.1%}, {e['tasks']} tasks)"
 
     o = summary["outcomes"]
+    ci = summary["audit_precision_ci95"]
+    precision = (
+        f"{summary['audit_precision']:.1%} (95% CI {ci[0]:.1%}..{ci[1]:.1%}, {summary['audited']} audited, "
+        f"{_fmt(summary['audit_step_tokens'])} step-tokens spent on audit)"
+        if ci
+        else "not measured: " + ("no audit budget" if summary["gate_fires"] else "the gate never fired")
+    )
+    whole = regime["groups"]
+    regime_row = (
+        f"{whole} whole groups: all-fail {regime['all_fail_frac']:.1%}, all-succeed "
+        f"{regime['all_succeed_frac']:.1%}; median trajectory {regime['median_trajectory_steps']:.0f} steps; "
+        f"D_{regime['k']} takes {regime['d_k_distinct']} distinct values"
+        if whole
+        else "no group ran to the end"
+    )
     lines = [
         f"# Run report: {run_dir.name}",
         "",
@@ -184,12 +257,13 @@ def write_report(run_dir: Path, state: dict[str, Any]) -> Path:
         f"audited {o['audited']}, filtered {o['filtered']}, failed {o['failed']}, skipped {o['skipped']}) |",
         f"| groups trained on | {summary['kept']} ({summary['informative_kept']} informative) |",
         f"| zero-variance share (groups with a known outcome) | {_fmt(summary['zero_var_frac'], True)} |",
+        f"| regime | {regime_row} |",
         f"| gate fires | {summary['gate_fires']} |",
-        f"| audited gate precision | {_fmt(summary['audit_precision'], True)} "
-        f"({summary['audited']} audited) |",
+        f"| audited gate precision | {precision} |",
         f"| rollout step-tokens spent | {_fmt(summary['step_tokens_spent'])} |",
-        f"| step-tokens saved (estimate from audited groups) | {_fmt(summary['step_tokens_saved_est'])} "
-        f"({_fmt(summary['step_tokens_saved_frac_est'], True)}) |",
+        f"| step-tokens saved by the gate (estimate) | {_fmt(summary['step_tokens_saved_est'])} "
+        f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "
+        f"{summary['step_tokens_saved_basis']}) |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",
         "",

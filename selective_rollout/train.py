@@ -188,7 +188,7 @@ class Trainer:
         if "after" not in self.state["eval"]:
             self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.train.iterations)
             self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
-        return write_report(self.run_dir, self.state)
+        return write_report(self.run_dir, self.state, self.cfg.gate.k)
 
     def close(self) -> None:
         import ray

@@ -25,8 +25,18 @@ class RolloutConfig(Section):
     )
     max_groups_in_flight: int = Field(4, ge=1)
     max_steps: int = Field(15, ge=1, description="step cap per trajectory (truncation)")
-    audit_frac: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of gate-stopped groups run on in shadow"
+    audit_budget: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="gate stops run on in shadow (audited) while their cost stays within this share of "
+        "the run's step-tokens; the first stop is always audited (0: never audit, 1: audit every stop)",
+    )
+    audit_target_precision: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="auditing tapers off once the 95% lower bound of the audited precision clears this",
     )
     preskip_window: int = Field(1, ge=1)
     preskip_explore: float = Field(0.1, ge=0.0, le=1.0)

@@ -29,12 +29,20 @@ class Conversation:
     """
 
     def __init__(
-        self, builder: PromptBuilder, history_turns: int, task: str, obs: str, admissible: Sequence[str]
+        self,
+        builder: PromptBuilder,
+        history_turns: int,
+        task: str,
+        obs: str,
+        admissible: Sequence[str],
+        list_every_turn: bool = True,
     ):
         self._builder = builder
         self._history_turns = history_turns
+        self._list_every_turn = list_every_turn
         self.task = task
-        self._users: list[str] = [user_text(obs, admissible)]  # user turns of the whole trajectory
+        # user turns of the whole trajectory as (observation, admissible commands)
+        self._turns: list[tuple[str, list[str]]] = [(obs, list(admissible))]
         self._replies: list[str] = []  # assistant replies (decoded text) of the whole trajectory
         self._segment_first_turn = 0
         self.segment_index = 0
@@ -42,10 +50,16 @@ class Conversation:
         self.prompt_ids: list[int] = self._fresh_prompt()
         self.loss_mask: list[int] = [0] * len(self.prompt_ids)
 
+    def _user(self, turn: int) -> str:
+        """The text of user turn ``turn``: a segment's first turn always lists the commands."""
+        obs, admissible = self._turns[turn]
+        first = turn == self._segment_first_turn
+        listed = admissible if first or self._list_every_turn else None
+        return user_text(obs, listed, self.task if first else None)
+
     def _fresh_prompt(self) -> list[int]:
         first = self._segment_first_turn
-        users = list(self._users[first:])
-        users[0] = f"Task: {self.task.strip()}\n\n{users[0]}"
+        users = [self._user(i) for i in range(first, len(self._turns))]
         return self._builder.prompt(list(zip(users[:-1], self._replies[first:], strict=True)), users[-1])
 
     def add_completion(self, token_ids: Sequence[int], text: str) -> None:
@@ -65,7 +79,7 @@ class Conversation:
         """
         if self._awaiting_completion:
             raise RuntimeError("extend called before add_completion: the completion must be recorded first")
-        self._users.append(user_text(obs, admissible))
+        self._turns.append((obs, list(admissible)))
         self._awaiting_completion = True
         past_in_segment = len(self._replies) - self._segment_first_turn
         if past_in_segment > self._history_turns:
@@ -74,7 +88,7 @@ class Conversation:
             self.prompt_ids = self._fresh_prompt()
             self.loss_mask = [0] * len(self.prompt_ids)
             return list(self.prompt_ids), True
-        appended = self._builder.continuation(self._users[-1], self._ended_turn)
+        appended = self._builder.continuation(self._user(len(self._turns) - 1), self._ended_turn)
         self.prompt_ids += appended
         self.loss_mask += [0] * len(appended)
         return appended, False
@@ -85,7 +99,7 @@ class Agent:
 
     def __init__(self, cfg: AgentConfig, tokenizer: Any) -> None:
         self.cfg = cfg
-        self.builder = PromptBuilder(tokenizer, cfg.action_format)
+        self.builder = PromptBuilder(tokenizer, cfg.action_format, cfg.admissible_in_prompt == "every_turn")
 
     @classmethod
     def from_model(cls, cfg: AgentConfig, model_path: str | Path) -> Agent:
@@ -94,7 +108,8 @@ class Agent:
         return cls(cfg, AutoTokenizer.from_pretrained(str(model_path)))
 
     def start(self, task: str, obs: str, admissible: Sequence[str]) -> Conversation:
-        return Conversation(self.builder, self.cfg.history_turns, task, obs, admissible)
+        every_turn = self.cfg.admissible_in_prompt == "every_turn"
+        return Conversation(self.builder, self.cfg.history_turns, task, obs, admissible, every_turn)
 
     def sampling(self, admissible: Sequence[str], base: SamplingParams) -> SamplingParams:
         """``base`` restricted to the admissible commands when constrained choice is on."""

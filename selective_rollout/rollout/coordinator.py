@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from selective_rollout.config import RunConfig
 from selective_rollout.gate import NoGate, build_gate
 from selective_rollout.records import Experience, GroupRecord, GroupWriter, Outcome, Step, TrajectoryStatus
+from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.rollout.engines import SamplingParams
 from selective_rollout.rollout.group import GroupRun, TrajectoryRun
 from selective_rollout.rollout.strategies import build_strategy
@@ -91,7 +91,7 @@ class GroupCoordinator:
         )
         self.gate = build_gate(cfg.gate.name, **cfg.gate.params()) if self.strategy.uses_gate else NoGate()
         self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
-        self._rng = random.Random(cfg.seed)
+        self.audits = AuditBudget(self.rc.audit_budget, self.rc.audit_target_precision)
         self._group_seq = 0
         self._engine_rr = 0
         self._dead_engines: set[int] = set()
@@ -162,6 +162,7 @@ class GroupCoordinator:
                 outcome = group.outcome(keep)
                 self.strategy.observe(task.task_id, zero)
                 record = group.to_record(iteration, outcome, {"engine": group.engine_index})
+                self.audits.observe(record)
                 records.append(record)
                 if self.writer is not None:
                     self.writer.write(record)
@@ -173,9 +174,8 @@ class GroupCoordinator:
 
     def _new_group(self, task: Task) -> GroupRun:
         self._group_seq += 1
-        audit = self._rng.random() < self.rc.audit_frac
         group = GroupRun(
-            f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, audit
+            f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, self.audits
         )
         group.engine_index = self._pick_engine()
         return group
@@ -470,7 +470,7 @@ def evaluation_config(cfg: RunConfig) -> RunConfig:
             "group_size": ec.tries,
             "groups_per_iteration": ec.num_tasks,
             "refill": False,
-            "audit_frac": 0.0,
+            "audit_budget": 0.0,
             "retry_failed": True,
         }
     )

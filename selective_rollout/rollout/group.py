@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from selective_rollout.gate import DivergenceTracker, Gate, GroupState, features_at
+from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.records import (
     Experience,
     GateRecord,
@@ -79,10 +80,13 @@ class TrajectoryRun:
 class GroupRun:
     """G trajectories of one task plus the gate bookkeeping for them."""
 
-    def __init__(self, group_id: str, task_id: str, task_type: str, g: int, gate: Gate, audit: bool) -> None:
+    def __init__(
+        self, group_id: str, task_id: str, task_type: str, g: int, gate: Gate, audits: AuditBudget | None = None
+    ) -> None:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self.gate = gate
-        self.audit = audit  # run on in shadow if the gate fires
+        self._audits = audits  # asked, when the gate fires, whether to run on in shadow
+        self.audit = False
         # a single-episode group (held-out evaluation with one try) has no pairs to track
         self.tracker = DivergenceTracker(g) if g >= 2 else None
         self.trajectories: list[TrajectoryRun] = []
@@ -121,6 +125,9 @@ class GroupRun:
             features = {**features_at(state), **verdict.features}
             self.decision = GateRecord(step=step, stop=verdict.stop, reason=verdict.reason, features=features)
             if verdict.stop:
+                if self._audits is not None:
+                    self.audit = self._audits.want_audit()
+                    self._audits.decided(self.audit)
                 self.stopped = not self.audit
                 return
 

@@ -28,12 +28,23 @@ SYSTEM_PROMPTS: dict[str, str] = {
     ),
 }
 
+# The action format when the admissible list is not re-sent every turn (agent.admissible_in_prompt):
+# decoding is constrained to the admissible commands, so the list is a hint, not a contract.
+SYSTEM_PROMPT_UNLISTED = (
+    "You are an agent in a household text game. Each turn you see what happened. Reply with exactly one "
+    "command of the game (go to, take, move, open, close, heat, cool, clean, use, examine, look, "
+    "inventory) and nothing else."
+)
+
 _SENTINEL = "\u2063SR-SENTINEL\u2063"
 
 
-def user_text(obs: str, admissible: Sequence[str], task: str | None = None) -> str:
-    """One user turn: the task (first turn of a prompt only), the observation, the choices."""
+def user_text(obs: str, admissible: Sequence[str] | None, task: str | None = None) -> str:
+    """One user turn: the task (first turn of a prompt only), the observation, the choices
+    (``None``: not listed, as when decoding is constrained to them anyway)."""
     head = f"Task: {task.strip()}\n\n" if task else ""
+    if admissible is None:
+        return f"{head}Observation: {obs.strip()}"
     actions = "\n".join(f"- {a}" for a in admissible)
     return f"{head}Observation: {obs.strip()}\n\nAdmissible actions:\n{actions}"
 
@@ -41,13 +52,14 @@ def user_text(obs: str, admissible: Sequence[str], task: str | None = None) -> s
 class PromptBuilder:
     """Renders and tokenises dialogue pieces with one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any, action_format: ActionFormat) -> None:
+    def __init__(self, tokenizer: Any, action_format: ActionFormat, lists_every_turn: bool = True) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template")
         if action_format not in SYSTEM_PROMPTS:
             raise ValueError(f"action_format must be one of {sorted(SYSTEM_PROMPTS)}, got {action_format!r}")
         self.tokenizer = tokenizer
-        self.system = SYSTEM_PROMPTS[action_format]
+        unlisted = action_format == "action" and not lists_every_turn
+        self.system = SYSTEM_PROMPT_UNLISTED if unlisted else SYSTEM_PROMPTS[action_format]
         self.eot_id: int = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
     def _ids(self, text: str) -> list[int]:

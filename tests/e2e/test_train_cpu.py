@@ -30,7 +30,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             "rollout.groups_per_iteration=2",
             "rollout.max_groups_in_flight=2",
             "rollout.max_steps=5",
-            "rollout.audit_frac=1.0",
+            "rollout.audit_budget=1.0",
             "gate.k=2",
             "gate.tau=0.5",
             "warm_start.games=2",

@@ -132,7 +132,7 @@ def test_refill_and_audit(engine, smollm2_path, tasks, tmp_path):
             "rollout.strategy=selective",
             "rollout.groups_per_iteration=1",
             "rollout.max_groups_factor=2",
-            "rollout.audit_frac=1.0",
+            "rollout.audit_budget=1.0",
         ],
     )
     audited = [g for g in batch.groups if g.outcome is Outcome.AUDITED]

@@ -268,7 +268,7 @@ def test_none_strategy_trains_on_everything():
 
 def test_audit_runs_cut_groups_in_shadow_and_measures_precision(tmp_path):
     co = Coordinated(
-        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.audit_frac=1.0"],
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.audit_budget=1.0"],
         run_dir=tmp_path,
     )
     batch = co.run(["converge_lose", "converge_win", "diverge_mixed"])

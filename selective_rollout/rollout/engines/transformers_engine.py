@@ -30,6 +30,8 @@ from selective_rollout.rollout.engines.base import (
     RolloutEngine,
     SamplingParams,
 )
+from selective_rollout.rollout.engines import grouped_attention
+from selective_rollout.rollout.engines.growing_cache import GrowingCache
 from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore
 from selective_rollout.rollout.engines.trie import ChoiceTrie
 from selective_rollout.rollout.engines.weights import WeightReceiver
@@ -148,9 +150,7 @@ def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _cache(kv: KV | None) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=kv) if kv else DynamicCache()
+    return GrowingCache(kv)
 
 
 def _kv_of(cache: Any) -> KV:
@@ -169,7 +169,9 @@ class TransformersEngine(RolloutEngine):
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=dtype, attn_implementation=grouped_attention.register()
+        ).eval()
         self.eot_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
         self._weights = WeightReceiver(self.model)
         self._store = SessionKVStore(cfg.kv_cache_tokens)

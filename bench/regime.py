@@ -1,0 +1,97 @@
+"""Is the CPU profile in the method's regime, and what does a step cost? (DESIGN.md 4, issue 13)
+
+Runs ``--tasks`` ungated groups of the configured profile (strategy none, no refill, no audit:
+what the ungated arm of an experiment sees), then prints the regime figures the targets name
+(zero-variance share with its all-fail and all-succeed parts, G, max_steps, median trajectory
+length, K and how many distinct values D_K takes) and the cost of a step (env steps/s,
+generated tokens/s, the whole prompt per step and the part the engine actually prefilled).
+Pass overrides to measure another profile side by side, e.g. the previous default:
+
+    python bench/regime.py --tasks 24 [--config configs/cpu_default.yaml] [overrides ...]
+    python bench/regime.py --tasks 12 rollout.group_size=4 gate.k=2 agent.admissible_in_prompt=every_turn
+
+``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
+(``python -m selective_rollout.gate.evaluate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from rollout_ab import run_arm
+
+from selective_rollout.config import load_config
+from selective_rollout.records import read_groups
+from selective_rollout.report import regime_summary, rollout_summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument("--tasks", type=int, default=24, help="groups to run (one per task)")
+    parser.add_argument("--out", type=Path, default=None, help="keep rollouts.jsonl here")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    import ray
+
+    from selective_rollout.models import resolve_model
+    from selective_rollout.rollout.engines import create_engines
+    from selective_rollout.runtime import init_ray, task_stream, train_tasks
+    from selective_rollout.sft import warm_start_model
+
+    n = args.tasks
+    fixed = ["rollout.strategy=none", "rollout.refill=false", "rollout.audit_budget=0", f"rollout.groups_per_iteration={n}"]
+    cfg = load_config(args.config, [*args.overrides, *fixed])
+    init_ray(None)
+    model = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+    if cfg.warm_start.enabled:
+        model = warm_start_model(cfg, model)
+    engines = create_engines(cfg.engine, model, cfg.engine.num_engines)
+    tasks = list(itertools.islice(task_stream(train_tasks(cfg), cfg.seed), n))
+    out = args.out or Path(tempfile.mkdtemp(prefix="regime-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rollouts.jsonl").unlink(missing_ok=True)
+    rc = cfg.rollout
+    print(
+        f"model {Path(model).name}, preset {cfg.env.preset}, G={rc.group_size}, max_steps={rc.max_steps}, "
+        f"K={cfg.gate.k}, temperature {cfg.engine.temperature}, admissible listed "
+        f"{cfg.agent.admissible_in_prompt}, history {cfg.agent.history_turns} turns, {n} tasks"
+    )
+    before = ray.get(engines[0].health.remote())
+    arm = run_arm(cfg, engines, model, tasks, "ungated", out)
+    after = ray.get(engines[0].health.remote())
+    ray.get([e.shutdown.remote() for e in engines])
+
+    groups = list(read_groups(out / "rollouts.jsonl"))
+    summary, regime = rollout_summary(groups), regime_summary(groups, cfg.gate.k)
+    steps = [s for g in groups for t in g.trajectories for s in t.steps]
+    requests = after.get("requests", 0) - before.get("requests", 0)
+    prefilled = after.get("prefilled_tokens", 0) - before.get("prefilled_tokens", 0)
+    m = arm["metrics"]
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for g in groups:
+        by_type[g.task_type] += [t.won for t in g.trajectories]
+    print(
+        f"\nregime over {regime['groups']} groups: zero-variance {summary['zero_var_frac']:.1%} "
+        f"(all-fail {regime['all_fail_frac']:.1%}, all-succeed {regime['all_succeed_frac']:.1%}); "
+        f"median trajectory {regime['median_trajectory_steps']:.0f} steps; "
+        f"D_{regime['k']} takes {regime['d_k_distinct']} distinct values"
+    )
+    print("success by task type: " + ", ".join(f"{k} {sum(v) / len(v):.0%}" for k, v in sorted(by_type.items())))
+    print(
+        f"cost: {m['system/env_steps_per_s']:.2f} env steps/s, {m['system/tokens_per_s']:.1f} generated tokens/s, "
+        f"prompt {statistics.mean(s.prompt_tokens for s in steps):.0f} tokens/step "
+        f"({prefilled / max(requests, 1):.0f} prefilled per engine request), "
+        f"{summary['step_tokens_spent'] / max(len(steps), 1):.0f} step-tokens/step"
+    )
+    print(f"rollouts: {out / 'rollouts.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()

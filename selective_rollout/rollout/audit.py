@@ -1,0 +1,55 @@
+"""The audit as a budget: which gate stops run on in shadow to measure the gate's precision.
+
+An audited stop costs what the cut would have saved, so the audit is paid for in step-tokens,
+not drawn by a coin: a stop is audited while the run's audit spending (tokens its audited groups
+used after their gate step) stays within ``budget`` of all step-tokens spent so far, and only
+until the lower confidence bound of the audited precision clears ``target_precision`` (then
+the gate is known to be good enough on this task distribution and auditing tapers off). The
+first stop of a run is always audited (with a non-zero budget), so a run that cut groups
+never reports "0 audited" by chance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from selective_rollout.records import GroupRecord, Outcome
+from selective_rollout.stats import clopper_pearson
+
+
+@dataclass
+class AuditBudget:
+    budget: float  # share of the run's step-tokens audits may take (0: never audit, 1: every stop)
+    target_precision: float = 0.9
+    confidence: float = 0.95
+    spent: int = 0  # step-tokens of every finished group
+    audit_spent: int = 0  # step-tokens audited groups used after their gate step
+    audited: int = 0
+    audited_zero_variance: int = 0
+    chosen: int = 0  # stops chosen for audit, finished or not (a run's first stop is one)
+
+    def want_audit(self) -> bool:
+        """Called when the gate stops a group: run this one on in shadow?"""
+        if self.budget <= 0:
+            return False
+        if self.chosen == 0:
+            return True
+        if self.precision_low() >= self.target_precision:
+            return False
+        return self.audit_spent < self.budget * self.spent
+
+    def decided(self, audit: bool) -> None:
+        self.chosen += audit
+
+    def observe(self, record: GroupRecord) -> None:
+        """Account a finished group (every outcome: the budget is a share of all spending)."""
+        self.spent += record.step_tokens
+        if record.outcome is Outcome.AUDITED and record.gate is not None:
+            self.audited += 1
+            self.audited_zero_variance += bool(record.zero_variance)
+            self.audit_spent += record.tokens_after(record.gate.step)
+
+    def precision_low(self) -> float:
+        if not self.audited:
+            return 0.0
+        return clopper_pearson(self.audited_zero_variance, self.audited, self.confidence)[0]

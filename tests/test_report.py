@@ -1,0 +1,58 @@
+"""The run report's own figures: the gate's saving with its basis, the regime of the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from selective_rollout.records import GateRecord, GroupRecord, Outcome, Step, Trajectory
+from selective_rollout.report import regime_summary, rollout_summary, saving_estimate
+
+
+def _group(outcome, task_type, actions, rewards, gate_step=None, tokens=10):
+    trajectories = [
+        Trajectory(i, [Step(a, True, tokens, 0) for a in acts], reward=r, won=bool(r))
+        for i, (acts, r) in enumerate(zip(actions, rewards, strict=True))
+    ]
+    gate = GateRecord(step=gate_step, stop=True, reason="", features={}) if gate_step else None
+    return GroupRecord("g", "t", task_type, trajectories, outcome, gate=gate)
+
+
+CUT = _group(Outcome.CUT, "heat", [["a", "b"], ["a", "b"]], [None, None], gate_step=2)
+HEAT = _group(Outcome.COMPLETED, "heat", [["a", "b", "c", "d"], ["a", "x", "c"]], [1.0, 0.0])
+COOL = _group(Outcome.COMPLETED, "cool", [["a"] * 10, ["b"] * 10], [0.0, 0.0])
+
+
+def test_no_cut_saves_nothing_and_says_so():
+    assert saving_estimate([HEAT]) == (0.0, "no group was cut")
+
+
+def test_without_audits_a_cut_is_priced_by_whole_groups_of_its_type():
+    saved, basis = saving_estimate([CUT, HEAT, COOL])
+    # the heat group spent 2 + 1 steps x 10 tokens after step 2; the cool group is another type
+    assert saved == pytest.approx(30.0)
+    assert "same task type" in basis and "1 of 1" in basis
+
+
+def test_audited_groups_are_the_preferred_witness():
+    audited = _group(Outcome.AUDITED, "cool", [["a"] * 6, ["a"] * 6], [1.0, 1.0], gate_step=2)
+    saved, basis = saving_estimate([CUT, HEAT, audited])
+    assert saved == pytest.approx(2 * 4 * 10) and "1 audited" in basis
+
+
+def test_summary_never_leaves_the_saving_unknown_when_the_gate_fired():
+    summary = rollout_summary([CUT, HEAT, COOL])
+    assert summary["gate_fires"] == 1 and summary["step_tokens_saved_est"] > 0
+    assert summary["audit_precision"] is None and summary["audit_precision_ci95"] is None
+    audited = _group(Outcome.AUDITED, "cool", [["a"] * 6, ["a"] * 6], [1.0, 1.0], gate_step=2)
+    summary = rollout_summary([CUT, audited])
+    assert summary["audit_precision"] == 1.0 and summary["audit_precision_ci95"][1] == 1.0
+    assert summary["audit_step_tokens"] == 80
+
+
+def test_regime_counts_outcome_kinds_lengths_and_distinct_divergences():
+    win = _group(Outcome.COMPLETED, "heat", [["a", "b"], ["a", "b"]], [1.0, 1.0])
+    regime = regime_summary([CUT, HEAT, COOL, win], k=2)
+    assert regime["groups"] == 3  # the cut group has no outcome
+    assert regime["all_fail_frac"] == pytest.approx(1 / 3) and regime["all_succeed_frac"] == pytest.approx(1 / 3)
+    assert regime["median_trajectory_steps"] == pytest.approx(3.5)  # lengths 2, 2, 3, 4, 10, 10
+    assert regime["d_k_distinct"] == 3  # D_2: 0.5 (HEAT), 1.0 (COOL), 0.0 (win)
