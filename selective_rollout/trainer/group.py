@@ -194,9 +194,10 @@ class LearnerGroup:
         self._specs = self._on_rank0("weight_specs")
         self._sync_engines = engines
 
-    def weights_checksum(self) -> float:
-        """Sum of float64 sums of the weights engines receive (LoRA merged), on rank 0."""
-        return self._on_rank0("weights_checksum")
+    def weights_checksum(self, dtype: str | None = None) -> float:
+        """Sum of float64 sums of the weights engines receive (LoRA merged), on rank 0; ``dtype``
+        rounds them to an engine's precision first (``engine.dtype``)."""
+        return self._on_rank0("weights_checksum", dtype)
 
     def locations(self) -> list[dict[str, Any]]:
         """Where each learner rank runs, in rank order."""

@@ -233,9 +233,9 @@ class LearnerWorker:
         with self._gathered():
             return {n: t.detach().cpu().clone() for n, t in self._export()} if self.rank == 0 else {}
 
-    def weights_checksum(self) -> float:
+    def weights_checksum(self, dtype: str | None = None) -> float:
         with self._gathered():
-            return checksum(merged_weights(self.module))
+            return checksum(merged_weights(self.module), dtype)
 
     def init_sync_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         """Host the learner->engines group as its rank 0 (engines join with ranks 1..N)."""

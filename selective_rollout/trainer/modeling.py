@@ -89,6 +89,13 @@ def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(k, v.detach()) for k, v in get_peft_model_state_dict(model).items()]
 
 
-def checksum(named: list[tuple[str, torch.Tensor]]) -> float:
-    """Sum of float64 sums: equal weights give an equal number on learner and engine."""
-    return float(sum(t.detach().to(torch.float64).sum().item() for _, t in named))
+def checksum(named: list[tuple[str, torch.Tensor]], dtype: str | None = None) -> float:
+    """Sum of float64 sums: equal weights give an equal number on learner and engine.
+
+    ``dtype`` (e.g. ``"bfloat16"``) rounds each weight to an engine's precision first, so a learner
+    in fp32 can be compared with an engine that holds the weights it received in bf16.
+    """
+    cast = getattr(torch, dtype) if dtype else None
+    return float(
+        sum((t.detach().to(cast) if cast else t.detach()).to(torch.float64).sum().item() for _, t in named)
+    )

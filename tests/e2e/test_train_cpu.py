@@ -48,7 +48,8 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
         before = ray.get(trainer.engines[0].weights_checksum.remote())
         report = trainer.run()
         after_engine = ray.get(trainer.engines[0].weights_checksum.remote())
-        after_learner = trainer.learner.weights_checksum()
+        engine_dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else None
+        after_learner = trainer.learner.weights_checksum(engine_dtype)
     finally:
         trainer.close()
 
@@ -78,6 +79,12 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     assert "held-out success before" in text and "held-out success after" in text
     summary = json.loads((run_dir / "report.json").read_text())
     assert summary["iterations"] == 2 and {"before", "after"} <= set(summary["eval"])
+    rollout, regime = summary["rollout"], summary["regime"]
+    assert regime["k"] == 2 and regime["groups"] == sum(g.zero_variance is not None for g in groups)
+    saving_row = next(ln for ln in text.splitlines() if ln.startswith("| step-tokens saved"))
+    if rollout["gate_fires"]:  # the first stop is always audited; the saving is always estimated
+        assert rollout["audited"] >= 1 and rollout["audit_precision_ci95"] is not None
+        assert "n/a" not in saving_row and rollout["step_tokens_saved_basis"] in saving_row
     assert (run_dir / "training_curves.png").stat().st_size > 10_000
     assert (run_dir / "config.yaml").is_file()
     assert list((run_dir / "checkpoints").glob("step_*"))

@@ -127,7 +127,8 @@ def test_bad_experiment_files(tmp_path):
 
 def test_shipped_ab_config_loads():
     exp, base = load_experiment("configs/ab_cpu.yaml")
-    assert list(exp.arms) == ["gate_off", "gate_on", "gate_on_no_refill"] and base.name == "cpu_default.yaml"
+    assert list(exp.arms) == ["gate_off", "dapo", "gate_on", "selective_dapo", "gate_on_no_refill"]
+    assert base.name == "cpu_default.yaml"
 
 
 def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):

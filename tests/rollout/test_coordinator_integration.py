@@ -28,6 +28,7 @@ BASE = [
     "gate.k=2",
     "engine.max_new_tokens=12",
     "env.num_workers=2",
+    "rollout.audit_budget=0",  # tests that want audits ask for them
 ]
 
 

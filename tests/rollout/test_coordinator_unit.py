@@ -164,7 +164,8 @@ class Coordinated:
     """A coordinator wired to the doubles, with the game picked from the task's game_dir."""
 
     def __init__(self, overrides, fail_games=frozenset(), run_dir=None):
-        cfg = load_config(None, ["rollout.group_size=4", "gate.k=3", "gate.tau=0.12", *overrides])
+        base = ["rollout.group_size=4", "gate.k=3", "gate.tau=0.12", "rollout.audit_budget=0"]
+        cfg = load_config(None, [*base, *overrides])
         self.engine = ScriptedEngine(SCRIPTS)
         self.env = ScriptedEnv(fail_games)
         self.agent = ScriptedAgent()
