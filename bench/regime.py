@@ -31,7 +31,9 @@ from selective_rollout.report import regime_summary, rollout_summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default="configs/cpu_default.yaml")
     parser.add_argument("--tasks", type=int, default=24, help="groups to run (one per task)")
     parser.add_argument("--out", type=Path, default=None, help="keep rollouts.jsonl here")
@@ -46,7 +48,12 @@ def main() -> None:
     from selective_rollout.sft import warm_start_model
 
     n = args.tasks
-    fixed = ["rollout.strategy=none", "rollout.refill=false", "rollout.audit_budget=0", f"rollout.groups_per_iteration={n}"]
+    fixed = [
+        "rollout.strategy=none",
+        "rollout.refill=false",
+        "rollout.audit_budget=0",
+        f"rollout.groups_per_iteration={n}",
+    ]
     cfg = load_config(args.config, [*args.overrides, *fixed])
     init_ray(None)
     model = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
@@ -83,9 +90,12 @@ def main() -> None:
         f"median trajectory {regime['median_trajectory_steps']:.0f} steps; "
         f"D_{regime['k']} takes {regime['d_k_distinct']} distinct values"
     )
-    print("success by task type: " + ", ".join(f"{k} {sum(v) / len(v):.0%}" for k, v in sorted(by_type.items())))
     print(
-        f"cost: {m['system/env_steps_per_s']:.2f} env steps/s, {m['system/tokens_per_s']:.1f} generated tokens/s, "
+        "success by task type: " + ", ".join(f"{k} {sum(v) / len(v):.0%}" for k, v in sorted(by_type.items()))
+    )
+    print(
+        f"cost: {m['system/env_steps_per_s']:.2f} env steps/s, "
+        f"{m['system/tokens_per_s']:.1f} generated tokens/s, "
         f"prompt {statistics.mean(s.prompt_tokens for s in steps):.0f} tokens/step "
         f"({prefilled / max(requests, 1):.0f} prefilled per engine request), "
         f"{summary['step_tokens_spent'] / max(len(steps), 1):.0f} step-tokens/step"

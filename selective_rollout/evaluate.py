@@ -39,6 +39,7 @@ def bootstrap_ci(values: Sequence[float], resamples: int = 1000, seed: int = 0) 
 def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Per-task success (mean over its tries), then the mean over tasks, overall and per type."""
     per_task: list[float] = []
+    by_task: dict[str, float] = {}
     by_type: dict[str, list[float]] = defaultdict(list)
     failed = 0
     for g in groups:
@@ -48,6 +49,7 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
             continue
         rate = sum(t.won for t in done) / len(done)
         per_task.append(rate)
+        by_task[g.task_id] = rate
         by_type[g.task_type].append(rate)
     lo, hi = bootstrap_ci(per_task, resamples, seed)
     return {
@@ -58,7 +60,21 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
         "by_type": {
             k: {"success_rate": float(np.mean(v)), "tasks": len(v)} for k, v in sorted(by_type.items())
         },
+        "per_task": by_task,
     }
+
+
+def success_gain(
+    before: dict[str, Any], after: dict[str, Any], resamples: int = 1000, seed: int = 0
+) -> dict[str, Any] | None:
+    """After minus before on the same held-out tasks, paired per task, with a bootstrap 95% CI
+    over tasks: whether training moved held-out success, not just whether two numbers differ."""
+    common = sorted(set(before.get("per_task", {})) & set(after.get("per_task", {})))
+    if not common:
+        return None
+    diffs = [after["per_task"][t] - before["per_task"][t] for t in common]
+    lo, hi = bootstrap_ci(diffs, resamples, seed)
+    return {"mean": float(np.mean(diffs)), "ci95": [lo, hi], "tasks": len(common)}
 
 
 def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:

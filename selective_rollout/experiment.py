@@ -48,6 +48,8 @@ METRICS = {
     "zero_var_frac": "zero-variance share",
     "success_before": "held-out success before",
     "success_after": "held-out success after",
+    "success_gain": "held-out change (after - before, paired per task)",
+    "success_gain_ci_low": "held-out change: 95% CI low (over tasks)",
 }
 
 
@@ -141,6 +143,8 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
         "success_after": ev.get("after", {}).get("success_rate"),
+        "success_gain": (report.get("eval_gain") or {}).get("mean"),
+        "success_gain_ci_low": ((report.get("eval_gain") or {}).get("ci95") or [None])[0],
     }
 
 

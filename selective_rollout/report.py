@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from selective_rollout.evaluate import success_gain
 from selective_rollout.metrics_log import read_metrics
 from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
 from selective_rollout.records import GroupRecord, Outcome, read_groups
@@ -222,8 +223,15 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         "plots": [p.name for p in plots],
         "placement": placement,
     }
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     before, after = evals.get("before"), evals.get("after")
+    gain = success_gain(before, after) if before and after else None
+    change = (
+        f"{gain['mean']:+.1%} (95% CI {gain['ci95'][0]:+.1%}..{gain['ci95'][1]:+.1%}, {gain['tasks']} tasks)"
+        if gain
+        else "not measured: no evaluation before and after on the same tasks"
+    )
+    report["eval_gain"] = gain
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
 
     def success(e: dict[str, Any] | None) -> str:
         if not e:
@@ -266,6 +274,7 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         f"{summary['step_tokens_saved_basis']}) |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",
+        f"| held-out change (after - before, paired per task) | {change} |",
         "",
         "Wall-clock saved by the gate is not measurable inside one run: compare arms on one task stream",
         "with `python bench/rollout_ab.py` or `python -m selective_rollout.experiment`.",

@@ -53,6 +53,19 @@ def test_regime_counts_outcome_kinds_lengths_and_distinct_divergences():
     win = _group(Outcome.COMPLETED, "heat", [["a", "b"], ["a", "b"]], [1.0, 1.0])
     regime = regime_summary([CUT, HEAT, COOL, win], k=2)
     assert regime["groups"] == 3  # the cut group has no outcome
-    assert regime["all_fail_frac"] == pytest.approx(1 / 3) and regime["all_succeed_frac"] == pytest.approx(1 / 3)
+    assert regime["all_fail_frac"] == pytest.approx(1 / 3) and regime["all_succeed_frac"] == pytest.approx(
+        1 / 3
+    )
     assert regime["median_trajectory_steps"] == pytest.approx(3.5)  # lengths 2, 2, 3, 4, 10, 10
     assert regime["d_k_distinct"] == 3  # D_2: 0.5 (HEAT), 1.0 (COOL), 0.0 (win)
+
+
+def test_held_out_gain_is_paired_per_task():
+    from selective_rollout.evaluate import success_gain
+
+    before = {"per_task": {"a": 0.0, "b": 0.0, "c": 1.0, "gone": 1.0}}
+    after = {"per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "new": 0.0}}
+    gain = success_gain(before, after, resamples=500)
+    assert gain["tasks"] == 3 and gain["mean"] == pytest.approx(2 / 3)
+    assert 0.0 <= gain["ci95"][0] <= 2 / 3 <= gain["ci95"][1] <= 1.0
+    assert success_gain({"per_task": {}}, after) is None

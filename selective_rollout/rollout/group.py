@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from selective_rollout.gate import DivergenceTracker, Gate, GroupState, features_at
-from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.records import (
     Experience,
     GateRecord,
@@ -23,6 +22,7 @@ from selective_rollout.records import (
     Trajectory,
     TrajectoryStatus,
 )
+from selective_rollout.rollout.audit import AuditBudget
 
 
 @dataclass
@@ -81,7 +81,13 @@ class GroupRun:
     """G trajectories of one task plus the gate bookkeeping for them."""
 
     def __init__(
-        self, group_id: str, task_id: str, task_type: str, g: int, gate: Gate, audits: AuditBudget | None = None
+        self,
+        group_id: str,
+        task_id: str,
+        task_type: str,
+        g: int,
+        gate: Gate,
+        audits: AuditBudget | None = None,
     ) -> None:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self.gate = gate

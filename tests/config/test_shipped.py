@@ -38,6 +38,18 @@ def test_paper_recipe_matches_the_paper():
     assert cfg.rollout.groups_per_iteration == 10 and cfg.env.source == "official"
 
 
+def test_cpu_profile_is_in_the_methods_regime_by_construction():
+    """DESIGN.md 4: G = 8, episodes of >= 15 steps, K mid-trajectory (3-6 and <= 40% of the cap);
+    the measured half of the regime (zero-variance share, D_K spread) is bench/regime.py's."""
+    cfg = load_config(ROOT / "configs" / "cpu_default.yaml")
+    rc, gate = cfg.rollout, cfg.gate
+    assert rc.group_size == 8 and rc.max_steps >= 15
+    assert 3 <= gate.k <= 6 and gate.k <= 0.4 * rc.max_steps
+    assert cfg.agent.admissible_in_prompt == "first_turn" and cfg.agent.constrain_to_admissible
+    assert cfg.agent.history_turns >= rc.max_steps  # one segment per trajectory
+    assert 0 < rc.audit_budget <= 0.05 and cfg.warm_start.enabled
+
+
 def test_configuration_reference_is_current():
     doc = (ROOT / "docs" / "configuration.md").read_text()
     fix = "python -m selective_rollout.config.reference > docs/configuration.md"

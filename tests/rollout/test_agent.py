@@ -56,6 +56,35 @@ def test_incremental_prompt_equals_a_from_scratch_rendering(agent, smollm2_token
     assert conv.prompt_ids == tok(rendered, add_special_tokens=False).input_ids
 
 
+def test_listing_once_sends_the_commands_only_in_a_segments_first_turn(smollm2_tokenizer):
+    """admissible_in_prompt=first_turn: later turns carry only the observation, the system prompt
+    says so, and a new segment lists the commands again (its first turn must stand alone)."""
+    tok = smollm2_tokenizer
+    cfg = AgentConfig(history_turns=2, admissible_in_prompt="first_turn")
+    agent = Agent(cfg, tok)
+    assert "list of admissible" not in agent.builder.system
+    conv = agent.start("put a mug in the fridge", "You are in the middle of a room.", ADMISSIBLE)
+    assert "Admissible actions:" in tok.decode(conv.prompt_ids)
+    every_turn = Agent(AgentConfig(history_turns=2), tok).start("t", "o", ADMISSIBLE)
+    for t, reply in enumerate(["go to cabinet 1", "open fridge 1", "look"]):
+        ids = reply_ids(tok, reply, ended=True)
+        conv.add_completion(ids, reply)
+        appended, new_segment = conv.extend(f"Observation {t}.", ADMISSIBLE)
+        text = tok.decode(appended)
+        assert f"Observation {t}." in text
+        assert ("Admissible actions:" in text) == new_segment  # only a fresh segment re-lists them
+        every_turn.add_completion(ids, reply)
+        listed, _ = every_turn.extend(f"Observation {t}.", ADMISSIBLE)
+        if not new_segment:
+            assert len(appended) < len(listed) - 20  # the saving the option exists for
+    assert new_segment  # history_turns=2: the third turn opened a segment
+
+
+def test_listing_once_needs_constrained_decoding():
+    with pytest.raises(ValidationError, match="constrain_to_admissible"):
+        AgentConfig(admissible_in_prompt="first_turn", constrain_to_admissible=False)
+
+
 def test_loss_mask_marks_exactly_the_policys_tokens(agent, smollm2_tokenizer):
     conv = agent.start("task", "obs", ADMISSIBLE)
     n0 = len(conv.prompt_ids)

@@ -9,7 +9,9 @@ from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.stats import clopper_pearson
 
 
-def _group(outcome: Outcome, tokens_per_step: int, steps: int, rewards: list[float], gate_step: int | None = 2):
+def _group(
+    outcome: Outcome, tokens_per_step: int, steps: int, rewards: list[float], gate_step: int | None = 2
+):
     trajectories = [
         Trajectory(i, [Step("look", True, tokens_per_step, 0) for _ in range(steps)], reward=r, won=bool(r))
         for i, r in enumerate(rewards)

@@ -33,7 +33,15 @@ def grouped_sdpa_attention(
     rep = getattr(module, "num_key_value_groups", 1)
     if rep == 1 or attention_mask is None:  # nothing to repeat, or SDPA's own GQA applies
         return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
         )
     b, heads, lq, d = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]

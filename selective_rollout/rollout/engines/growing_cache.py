@@ -30,7 +30,10 @@ class GrowingLayer(DynamicLayer):
         start, end = self._filled, self._filled + key_states.shape[-2]
         if self._k is None or end > self._k.shape[-2]:
             capacity = max(2 * end, end + 64)
-            self._k, self._v = self._grow(self._k, key_states, capacity), self._grow(self._v, value_states, capacity)
+            self._k, self._v = (
+                self._grow(self._k, key_states, capacity),
+                self._grow(self._v, value_states, capacity),
+            )
         self._k[:, :, start:end] = key_states
         self._v[:, :, start:end] = value_states
         self._filled = end

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.base import (
     Completion,
     CompletionOutput,
@@ -30,7 +31,6 @@ from selective_rollout.rollout.engines.base import (
     RolloutEngine,
     SamplingParams,
 )
-from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.growing_cache import GrowingCache
 from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore
 from selective_rollout.rollout.engines.trie import ChoiceTrie
