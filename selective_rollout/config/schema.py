@@ -18,7 +18,7 @@ class RunConfig(Section):
     """A whole run: one section per component."""
 
     name: str = Field("run", min_length=1, description="run name; the run folder is runs/<name>-<time>")
-    seed: int = Field(0, description="seeds sampling, task order, audit draws and the learner")
+    seed: int = Field(0, description="seeds sampling, task order and the learner")
     gate: GateConfig = GateConfig()
     env: EnvConfig = EnvConfig()
     engine: EngineConfig = EngineConfig()
