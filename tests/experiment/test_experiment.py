@@ -106,8 +106,16 @@ def test_cuts_are_checked_against_the_reference_run_of_the_same_task_and_iterati
             (0, "c", [1.0, 1.0], done),  # not a cut
         ],
     )
-    assert paired_cut_precision(reference, gated) == {"cuts_matched": 3, "paired_cut_precision": 2 / 3}
-    assert paired_cut_precision(reference, reference) == {"cuts_matched": 0, "paired_cut_precision": None}
+    assert paired_cut_precision(reference, gated) == {
+        "cuts_matched": 3,
+        "paired_cut_precision": 2 / 3,
+        "false_cuts": 1,  # b was informative in the reference: one informative group lost
+    }
+    assert paired_cut_precision(reference, reference) == {
+        "cuts_matched": 0,
+        "paired_cut_precision": None,
+        "false_cuts": 0,
+    }
 
 
 def test_bad_experiment_files(tmp_path):
