@@ -11,7 +11,8 @@ Pass overrides to measure another profile side by side, e.g. the previous defaul
     python bench/regime.py --tasks 12 rollout.group_size=4 gate.k=2 agent.admissible_in_prompt=every_turn
 
 ``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
-(``python -m selective_rollout.gate.evaluate``).
+(``python -m selective_rollout.gate.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
+prints the regime of logged groups instead (e.g. an experiment's ungated arms, pooled).
 """
 
 from __future__ import annotations
@@ -23,24 +24,33 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from rollout_ab import run_arm
-
 from selective_rollout.config import load_config
-from selective_rollout.records import read_groups
+from selective_rollout.records import GroupRecord, read_groups
 from selective_rollout.report import regime_summary, rollout_summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def print_regime(groups: list[GroupRecord], k: int) -> None:
+    summary, regime = rollout_summary(groups), regime_summary(groups, k)
+    if not regime["groups"]:
+        print("no group ran to the end: nothing to measure")
+        return
+    sizes = sorted({g.g for g in groups if g.trajectories})
+    print(
+        f"regime over {regime['groups']} groups (G = {', '.join(map(str, sizes))}): zero-variance "
+        f"{summary['zero_var_frac']:.1%} (all-fail {regime['all_fail_frac']:.1%}, all-succeed "
+        f"{regime['all_succeed_frac']:.1%}); median trajectory {regime['median_trajectory_steps']:.0f} "
+        f"steps; D_{regime['k']} takes {regime['d_k_distinct']} distinct values"
     )
-    parser.add_argument("--config", default="configs/cpu_default.yaml")
-    parser.add_argument("--tasks", type=int, default=24, help="groups to run (one per task)")
-    parser.add_argument("--out", type=Path, default=None, help="keep rollouts.jsonl here")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for g in groups:
+        by_type[g.task_type] += [t.won for t in g.trajectories if t.reward is not None]
+    rates = ", ".join(f"{k} {sum(v) / len(v):.0%}" for k, v in sorted(by_type.items()) if v)
+    print(f"success by task type: {rates}")
 
+
+def run(args: argparse.Namespace) -> None:
     import ray
+    from rollout_ab import run_arm
 
     from selective_rollout.models import resolve_model
     from selective_rollout.rollout.engines import create_engines
@@ -67,8 +77,8 @@ def main() -> None:
     rc = cfg.rollout
     print(
         f"model {Path(model).name}, preset {cfg.env.preset}, G={rc.group_size}, max_steps={rc.max_steps}, "
-        f"K={cfg.gate.k}, temperature {cfg.engine.temperature}, admissible listed "
-        f"{cfg.agent.admissible_in_prompt}, history {cfg.agent.history_turns} turns, {n} tasks"
+        f"K={cfg.gate.k}, temperature {cfg.engine.temperature}, engine {cfg.engine.dtype}, admissible "
+        f"listed {cfg.agent.admissible_in_prompt}, history {cfg.agent.history_turns} turns, {n} tasks"
     )
     before = ray.get(engines[0].health.remote())
     arm = run_arm(cfg, engines, model, tasks, "ungated", out)
@@ -76,31 +86,37 @@ def main() -> None:
     ray.get([e.shutdown.remote() for e in engines])
 
     groups = list(read_groups(out / "rollouts.jsonl"))
-    summary, regime = rollout_summary(groups), regime_summary(groups, cfg.gate.k)
+    print()
+    print_regime(groups, cfg.gate.k)
     steps = [s for g in groups for t in g.trajectories for s in t.steps]
     requests = after.get("requests", 0) - before.get("requests", 0)
     prefilled = after.get("prefilled_tokens", 0) - before.get("prefilled_tokens", 0)
     m = arm["metrics"]
-    by_type: dict[str, list[bool]] = defaultdict(list)
-    for g in groups:
-        by_type[g.task_type] += [t.won for t in g.trajectories]
-    print(
-        f"\nregime over {regime['groups']} groups: zero-variance {summary['zero_var_frac']:.1%} "
-        f"(all-fail {regime['all_fail_frac']:.1%}, all-succeed {regime['all_succeed_frac']:.1%}); "
-        f"median trajectory {regime['median_trajectory_steps']:.0f} steps; "
-        f"D_{regime['k']} takes {regime['d_k_distinct']} distinct values"
-    )
-    print(
-        "success by task type: " + ", ".join(f"{k} {sum(v) / len(v):.0%}" for k, v in sorted(by_type.items()))
-    )
     print(
         f"cost: {m['system/env_steps_per_s']:.2f} env steps/s, "
         f"{m['system/tokens_per_s']:.1f} generated tokens/s, "
         f"prompt {statistics.mean(s.prompt_tokens for s in steps):.0f} tokens/step "
         f"({prefilled / max(requests, 1):.0f} prefilled per engine request), "
-        f"{summary['step_tokens_spent'] / max(len(steps), 1):.0f} step-tokens/step"
+        f"{rollout_summary(groups)['step_tokens_spent'] / max(len(steps), 1):.0f} step-tokens/step"
     )
     print(f"rollouts: {out / 'rollouts.jsonl'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument("--tasks", type=int, default=24, help="groups to run (one per task)")
+    parser.add_argument("--out", type=Path, default=None, help="keep rollouts.jsonl here")
+    parser.add_argument("--rollouts", type=Path, nargs="+", help="analyse these logs instead of running")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    if args.rollouts:
+        k = load_config(args.config, args.overrides).gate.k
+        print_regime([g for path in args.rollouts for g in read_groups(path)], k)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":
