@@ -67,6 +67,7 @@ def test_one_training_iteration_with_env_workers_on_both_nodes(
         "rollout.groups_per_iteration=2",
         "rollout.max_groups_in_flight=2",
         "rollout.max_steps=3",
+        "gate.k=2",
         "warm_start.enabled=false",
         "eval.num_tasks=1",
         "train.iterations=1",
