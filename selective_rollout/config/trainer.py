@@ -28,6 +28,12 @@ class TrainerConfig(Section):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0)
+    old_logprobs: Literal["learner", "engine"] = Field(
+        "learner",
+        description="the PPO ratio's old policy: learner = the learner's own log-probs before its one update "
+        "per batch (ratio exactly 1, no spurious clipping from bf16 or vLLM numerics); engine = the "
+        "sampling engine's log-probs",
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the frozen initial policy")
     kl_estimator: Literal["k1", "k3"] = "k3"
     # optimiser

@@ -141,6 +141,8 @@ class LearnerGroup:
             "train/kl": total["kl_sum"] / policy_tokens,
             "train/entropy": total["entropy_sum"] / policy_tokens,
             "train/clip_frac": total["clip_sum"] / policy_tokens,
+            # mean |log p_learner - log p_engine| of the sampled tokens (0 when both agree exactly)
+            "train/engine_logprob_gap": total["engine_gap_sum"] / policy_tokens,
             "train/effective_grad_l2": math.sqrt(total["signal_sq_sum"]),
             **full,
             "train/skipped": 0.0,

@@ -31,11 +31,17 @@ def micro_batch_loss(
 
     ``denominator`` is the whole batch's (``losses.batch_denominator``). With ``kl_coef > 0``
     the KL is to ``ref_logprobs`` (the frozen initial policy) and enters the loss; otherwise
-    ``kl_sum`` measures the drift from the sampling engine's policy (``old_logprobs``), logged only.
+    ``kl_sum`` measures the drift from the sampling engine's policy (``mb.old_logprobs``), logged only.
+
+    The learner takes one optimiser step per batch, so before it the learner's own log-probs *are*
+    the old policy: with ``old_logprobs: learner`` the ratio is exactly 1 (its gradient is the
+    policy gradient), and the engine's log-probs only measure the engine-learner gap
+    (``engine_gap_sum``: bf16 engines and vLLM kernels round differently from the learner).
     """
     logprobs, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, with_entropy=True)
     mask = mb.loss_mask
-    per_token, clipped = ppo_clip_loss(logprobs, mb.old_logprobs, mb.advantages, cfg.clip_low, cfg.clip_high)
+    old = logprobs.detach() if cfg.old_logprobs == "learner" else mb.old_logprobs
+    per_token, clipped = ppo_clip_loss(logprobs, old, mb.advantages, cfg.clip_low, cfg.clip_high)
     if cfg.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference policy")
@@ -53,6 +59,7 @@ def micro_batch_loss(
         "kl_sum": float((kl.detach() * mask).sum()),
         "entropy_sum": float((entropy * mask).sum()),
         "clip_sum": float((clipped * mask).sum()),
+        "engine_gap_sum": float(((logprobs.detach() - mb.old_logprobs).abs() * mask).sum()),
         "signal_sq_sum": float(((weights * mb.advantages) ** 2).sum()),
         "padded_tokens": float(mb.padded_tokens),
         "tokens": float(mb.attention_mask.sum()),

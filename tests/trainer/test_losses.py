@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -111,3 +112,27 @@ def test_micro_batch_losses_sum_to_the_batch_loss(model, mode):
         for p in plans
     ]
     assert sum(p.item() for p in parts) == pytest.approx(whole.item(), rel=1e-10)
+
+
+def test_learner_old_logprobs_ignore_the_engines_numerics(model):
+    """old_logprobs=learner: the ratio is exactly 1 before the batch's one update, so noise in the
+    engine's log-probs (bf16 rounding, other kernels) changes neither the loss nor its gradient
+    and never clips; it only shows as the engine-learner gap. With old_logprobs=engine it does."""
+    batch = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})
+    gen = torch.Generator().manual_seed(0)
+    noisy = [
+        dataclasses.replace(
+            e, old_logprobs=[lp + float(torch.randn(1, generator=gen)) for lp in e.old_logprobs]
+        )
+        for e in batch
+    ]
+    learner = TrainerConfig(old_logprobs="learner")
+    g_exact, loss_exact = flat_grad(model, batch, learner)
+    g_noisy, loss_noisy = flat_grad(model, noisy, learner)
+    assert torch.allclose(g_exact, g_noisy) and loss_exact == pytest.approx(loss_noisy)
+    adv = compute_advantages(noisy, "grpo")
+    denom = batch_denominator("token-mean", [e.num_policy_tokens for e in noisy])
+    _, stats = micro_batch_loss(model, collate(noisy, adv), learner, denom)
+    assert stats["clip_sum"] == 0.0 and stats["engine_gap_sum"] > 0.0
+    g_engine, _ = flat_grad(model, noisy, TrainerConfig(old_logprobs="engine"))
+    assert not torch.allclose(g_engine, g_exact)
