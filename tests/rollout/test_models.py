@@ -31,8 +31,51 @@ def test_local_path_passes_through(smollm2_path: Path):
     assert resolve_model(str(smollm2_path)) == smollm2_path.resolve()
 
 
-def test_hub_id_is_returned_as_is():
-    assert resolve_model("Qwen/Qwen2.5-7B-Instruct") == Path("Qwen/Qwen2.5-7B-Instruct")
+def _hub_cache(root: Path, repo_id: str) -> Path:
+    """A tiny Llama saved where the Hugging Face hub client puts a download: models--org--name with
+    refs/main naming a snapshot folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(snapshot)
+    return snapshot
+
+
+def test_hub_id_resolves_to_its_snapshot_in_the_local_cache(monkeypatch, tmp_path: Path):
+    """What a 7B config names (org/name) must reach the learner as a folder it can load offline."""
+    from selective_rollout.config.trainer import TrainerConfig
+    from selective_rollout.trainer.modeling import load_policy
+
+    snapshot = _hub_cache(tmp_path, "tiny-org/tiny-llama")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = resolve_model("tiny-org/tiny-llama")
+    assert path == snapshot and (path / "config.json").is_file()
+    assert load_policy(path, TrainerConfig()).config.hidden_size == 16
+
+
+def test_hub_id_missing_offline_is_one_clear_error(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        ModelResolutionError, match=r"'Qwen/Qwen2.5-7B-Instruct' is not in the Hugging Face cache"
+    ):
+        resolve_model("Qwen/Qwen2.5-7B-Instruct")
+
+
+def test_a_name_with_more_than_one_slash_is_not_a_hub_id():
+    with pytest.raises(ModelResolutionError, match="neither an alias"):
+        resolve_model("a/b/c")
 
 
 @pytest.mark.parametrize("bad", ["", "./no/such/model", "/no/such/model"])
