@@ -30,6 +30,23 @@ class TensorSpec:
         return cls(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
 
 
+def sync_ranks(workers_per_engine: list[int]) -> tuple[list[int], int]:
+    """Each engine's first rank in the sync group, and the group's size.
+
+    The learner is rank 0; every process of every engine that holds weights joins (a vLLM engine
+    with tensor parallelism ``TP`` has ``TP`` workers, which take ``first + worker rank``), so
+    engine ``i`` starts at ``1 + sum of the workers before it`` and the group has
+    ``1 + sum of all workers`` ranks (``1 + i * TP`` and ``1 + engines * TP`` when all are alike).
+    """
+    if any(w < 1 for w in workers_per_engine):
+        raise ValueError(f"every engine has at least one worker, got {workers_per_engine}")
+    firsts, nxt = [], 1
+    for workers in workers_per_engine:
+        firsts.append(nxt)
+        nxt += workers
+    return firsts, nxt
+
+
 def make_sync_group(
     backend: str,
     host: str,

@@ -18,7 +18,7 @@ import ray
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.records import Experience
-from selective_rollout.sync_group import TensorSpec
+from selective_rollout.sync_group import TensorSpec, sync_ranks
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.learner import LearnerWorker
@@ -168,7 +168,8 @@ class LearnerGroup:
     def sync_weights(self, engines: list) -> float:
         """Send the current weights to every engine; returns the seconds it took.
 
-        Over a process group (rank 0 = this group's rank-0 learner, engines 1..N, built on the
+        Over a process group (rank 0 = this group's rank-0 learner, then every engine worker,
+        ``sync_group.sync_ranks``; built on the
         first call and rebuilt when the engine set changes): the specs go through Ray, then one
         broadcast per tensor. ``object_store``: the engines load a Ray object of all tensors.
         """
@@ -188,9 +189,10 @@ class LearnerGroup:
 
     def _connect(self, engines: list, backend: str) -> None:
         host, port = ray.get(self.actors[0].rendezvous_address.remote())
-        world = 1 + len(engines)
+        firsts, world = sync_ranks(ray.get([e.sync_workers.remote() for e in engines]))
         joins = [
-            e.init_weight_sync.remote(host, port, rank, world, backend) for rank, e in enumerate(engines, 1)
+            e.init_weight_sync.remote(host, port, first, world, backend)
+            for first, e in zip(firsts, engines, strict=True)
         ]
         ray.get([self.actors[0].init_sync_group.remote(host, port, world, backend), *joins])
         self._specs = self._on_rank0("weight_specs")

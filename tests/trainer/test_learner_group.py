@@ -56,6 +56,22 @@ def test_zero_advantage_sequences_cost_nothing_and_change_nothing(ray_cluster, t
         group.shutdown()
 
 
+def test_tensor_parallel_engines_get_one_rank_per_worker(ray_cluster, tiny_model_dir):
+    """Engines of TP 1, 2 and 4 in one sync group: every worker has its own rank, nobody hangs,
+    and every worker of every engine receives the learner's weights."""
+    group = LearnerGroup(TrainerConfig(weight_sync="gloo"), tiny_model_dir)
+    engines = [ray.remote(EngineDouble).remote(str(tiny_model_dir), tp) for tp in (2, 1, 4)]
+    try:
+        group.train_step(next(iter(batches(1))))
+        group.sync_weights(engines)
+        want = group.weights_checksum()
+        for engine, tp in zip(engines, (2, 1, 4), strict=True):
+            sums = ray.get(engine.worker_checksums.remote())
+            assert len(sums) == tp and sums == pytest.approx([want] * tp, rel=1e-12)
+    finally:
+        group.shutdown()
+
+
 @pytest.mark.parametrize("method", ["gloo", "object_store"])
 def test_weight_sync_makes_the_engine_score_like_the_learner(ray_cluster, tiny_model_dir, method):
     cfg = TrainerConfig(lr=1e-2, lora=LoraConfig(enabled=True, rank=4), weight_sync=method)

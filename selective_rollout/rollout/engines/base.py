@@ -103,7 +103,12 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        """Join the learner's weight-sync group (selective_rollout.sync_group) as ``rank``."""
+        """Join the learner's weight-sync group (selective_rollout.sync_group) at ``rank``: the first of
+        ``sync_workers()`` consecutive ranks, one per worker process."""
+
+    async def sync_workers(self) -> int:
+        """How many processes of this engine join the weight-sync group (its tensor-parallel size)."""
+        return 1
 
     @abstractmethod
     async def receive_weights(self, specs: list[TensorSpec]) -> None:

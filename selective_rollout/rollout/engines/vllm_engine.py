@@ -166,6 +166,9 @@ class VLLMEngine(RolloutEngine):
             raise ValueError("an engine cannot be rank 0 of the weight-sync group: rank 0 is the learner")
         await self.engine.collective_rpc("sr_init_weight_sync", args=(host, port, rank, world_size, backend))
 
+    async def sync_workers(self) -> int:
+        return self.cfg.tensor_parallel_size  # each tensor-parallel worker holds its own shard
+
     async def receive_weights(self, specs: list) -> None:
         await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))
         await self.engine.reset_prefix_cache()  # cached KV was computed by the old weights
