@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
+from torch.utils.checkpoint import checkpoint
 from peft import get_peft_model, get_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -43,18 +44,55 @@ def load_policy(model_path: str | Path, cfg: TrainerConfig) -> torch.nn.Module:
     return get_peft_model(model, lora)
 
 
-def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each next token, ``[B, T-1]``, and optionally the policy's entropy there (no grad)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
+# positions x rows per chunk of the log-prob computation: bounds its fp32 temporaries to
+# CHUNK_TOKENS x vocabulary (~0.8 GB at Qwen's 152k vocabulary) whatever the micro-batch holds
+CHUNK_TOKENS = 1024
+
+
+def _chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) of one chunk, in fp32 (fp64 stays): gather minus log-sum-exp, no full softmax."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logp = torch.log_softmax(logits, dim=-1)
-    chosen = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    with_entropy: bool = False,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each next token, ``[B, T-1]``, and optionally the policy's entropy there (no grad).
+
+    The fp32 log-softmax of a whole micro-batch over the vocabulary is the learner's largest
+    temporary (16k tokens x 152k vocabulary: ~10 GB, and as much again kept for the backward), so
+    it runs chunk by chunk along the sequence, each chunk recomputed in the backward
+    (activation checkpointing) instead of kept; the result equals the unchunked computation.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    targets = input_ids[:, 1:]
+    step = max(1, chunk_tokens // max(1, logits.shape[0]))
+    spans = [(s, min(s + step, logits.shape[1])) for s in range(0, logits.shape[1], step)]
+    checkpointed = torch.is_grad_enabled() and logits.requires_grad and len(spans) > 1
+    chosen = torch.cat(
+        [
+            checkpoint(_chosen_logprobs, logits[:, a:b], targets[:, a:b], use_reentrant=False)
+            if checkpointed
+            else _chosen_logprobs(logits[:, a:b], targets[:, a:b])
+            for a, b in spans
+        ],
+        dim=1,
+    )
     if not with_entropy:
         return chosen, None
     with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
+        entropy = torch.cat([_entropy(logits[:, a:b]) for a, b in spans], dim=1)
     return chosen, entropy
 
 

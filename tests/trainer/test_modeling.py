@@ -46,3 +46,31 @@ def test_missing_model_folder_is_named(tmp_path):
 def test_adapter_sync_without_lora_is_a_config_error():
     with pytest.raises(ValueError, match=r"lora\.sync=adapter needs trainer\.lora\.enabled"):
         TrainerConfig(lora=LoraConfig(sync="adapter"))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 10_000])
+def test_chunked_logprobs_equal_the_whole_softmax(tiny_model_dir, chunk):
+    """Log-probs, entropy and their gradient do not depend on how the sequence is chunked."""
+    from selective_rollout.trainer.modeling import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[2, 8:] = 0
+
+    def reference():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, ids[:, 1:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+    want, want_entropy = reference()
+    model.zero_grad()
+    want.sum().backward()
+    want_grad = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    got, got_entropy = token_logprobs(model, ids, mask, with_entropy=True, chunk_tokens=chunk)
+    got.sum().backward()
+    torch.testing.assert_close(got, want.detach())
+    torch.testing.assert_close(got_entropy, want_entropy.detach())
+    for p, g in zip(model.parameters(), want_grad, strict=True):
+        torch.testing.assert_close(p.grad, g)
