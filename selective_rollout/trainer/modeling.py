@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
-from torch.utils.checkpoint import checkpoint
 from peft import get_peft_model, get_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from selective_rollout.config.trainer import TrainerConfig
