@@ -13,6 +13,8 @@ tensors into lists and refuses dataclasses, so they travel as plain tuples and r
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
@@ -49,16 +51,23 @@ class WeightSyncExtension:
         self._sr_group = make_sync_group(backend, host, port, rank, world_size)
 
     def sr_receive_weights(self, packed_specs: list[tuple[str, list[int], str]]) -> None:
+        """Receive each tensor when the loader asks for it: at most about one tensor of extra device
+        memory, not a second copy of the model (~15 GB for a 7B model in bf16)."""
         group = getattr(self, "_sr_group", None)
         if group is None:
             raise RuntimeError("receive_weights called before init_weight_sync")
-        received = []
+        stream = self._sr_stream(group, packed_specs)
+        self._sr_load(stream)
+        for _ in stream:  # what the loader did not ask for must still be received: rank 0 waits on it
+            pass
+
+    def _sr_stream(self, group, packed_specs: list[tuple[str, list[int], str]]):
         for name, shape, dtype in packed_specs:
             spec = TensorSpec(name, tuple(shape), dtype)
             buf = torch.empty(spec.shape, dtype=spec.torch_dtype, device=self.device)
             broadcast(group, buf, src=0)
-            received.append((spec.name, buf))
-        self._sr_load(received)
+            yield spec.name, buf
+            del buf
 
     def sr_load_weights(self, packed: list[tuple[str, list[int], str, bytes]]) -> None:
         weights = [
@@ -66,7 +75,7 @@ class WeightSyncExtension:
         ]
         self._sr_load(weights)
 
-    def _sr_load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def _sr_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         if hasattr(self, "reload_weights"):
             self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         else:  # older vLLM: plain load into the live parameters (GPU layouts keep them)
