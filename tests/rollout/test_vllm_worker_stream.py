@@ -49,7 +49,7 @@ def _sync(worker: _Worker) -> None:
         for spec in specs:
             broadcast(group, WEIGHTS[spec.name].clone(), src=0)
 
-    sender = threading.Thread(target=learner)
+    sender = threading.Thread(target=learner, daemon=True)
     sender.start()
     worker.sr_init_weight_sync("127.0.0.1", port, 1, 2, "gloo")
     worker.sr_receive_weights(pack_specs(specs))
