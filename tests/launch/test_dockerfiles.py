@@ -146,6 +146,24 @@ def test_base_image_has_an_exact_tag(path: Path) -> None:
     assert name and tag and tag != "latest" and re.search(r"\d+\.\d+", tag), f"{path.name}: FROM {image}"
 
 
+# The CUDA major each pinned GPU wheel is built for, read from its PyPI metadata (torch 2.13.0
+# requires cuda-toolkit==13.0.3 and the *-cu13 NVIDIA wheels; vLLM 0.29.0 the cu13 CUTLASS DSL).
+# A new pin must be looked up and added here: a KeyError is this test asking for it.
+CUDA_MAJOR_OF_PIN = {("torch", "2.13.0"): 13, ("vllm", "0.29.0"): 13}
+
+
+def test_gpu_image_has_one_cuda_major() -> None:
+    """Base image, torch and vLLM on one CUDA major: a CUDA 13 torch on a CUDA 12 base fails at
+    import or at the first kernel, and the image must not mix them."""
+    pins, _, _ = project_pins()
+    image = parse(REPO / "docker" / "Dockerfile").baseimage
+    m = re.match(r"nvidia/cuda:(\d+)\.\d+", image)
+    assert m, f"the GPU image is expected to build FROM nvidia/cuda:X.Y..., got {image}"
+    majors = {"base image": int(m.group(1))}
+    majors |= {name: CUDA_MAJOR_OF_PIN[(name, pins[name])] for name in ("torch", "vllm")}
+    assert len(set(majors.values())) == 1, f"CUDA majors disagree: {majors}"
+
+
 def test_cpu_image_python_satisfies_requires_python() -> None:
     _, _, requires_python = project_pins()
     image = parse(REPO / "docker" / "Dockerfile.cpu").baseimage
