@@ -2,22 +2,20 @@
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from selective_rollout.config.base import Section
 
 
 class LoraConfig(Section):
-    """LoRA through peft; ``sync`` says what the engines receive after each update."""
+    """LoRA through peft. Engines receive the base weights with the adapter folded in, under the
+    base names: neither engine back-end loads a peft adapter on its own."""
 
     enabled: bool = False
     rank: int = Field(8, ge=1)
     alpha: float = Field(16.0, gt=0.0)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    sync: Literal["merged", "adapter"] = Field(
-        "merged", description="merged: base weights with the adapter folded in, under the base names"
-    )
 
 
 class TrainerConfig(Section):
@@ -56,9 +54,3 @@ class TrainerConfig(Section):
     save_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = "auto"
-
-    @model_validator(mode="after")
-    def _lora_sync_needs_lora(self) -> "TrainerConfig":
-        if self.lora.sync == "adapter" and not self.lora.enabled:
-            raise ValueError("trainer.lora.sync=adapter needs trainer.lora.enabled=true")
-        return self

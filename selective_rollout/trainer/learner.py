@@ -21,7 +21,6 @@ from selective_rollout.records import Experience
 from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import (
-    adapter_weights,
     checksum,
     load_policy,
     merged_weights,
@@ -220,8 +219,6 @@ class LearnerWorker:
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=self.cfg.zero_stage == 3)
 
     def _export(self) -> list[tuple[str, torch.Tensor]]:
-        if self.cfg.lora.enabled and self.cfg.lora.sync == "adapter":
-            return adapter_weights(self.module)
         return merged_weights(self.module)
 
     def weight_specs(self) -> list[TensorSpec]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model, get_peft_model_state_dict
+from peft import get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -120,11 +120,6 @@ def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
                 owner = owner.removesuffix(".base_layer")
             out.append((f"{owner}.{leaf}" if owner else leaf, tensor))
     return out
-
-
-def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The LoRA adapter in peft's saved-adapter names (what ``set_peft_model_state_dict`` loads)."""
-    return [(k, v.detach()) for k, v in get_peft_model_state_dict(model).items()]
 
 
 def checksum(named: list[tuple[str, torch.Tensor]], dtype: str | None = None) -> float:

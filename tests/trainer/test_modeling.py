@@ -3,7 +3,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
-from selective_rollout.trainer.modeling import adapter_weights, load_policy, merged_weights
+from selective_rollout.trainer.modeling import load_policy, merged_weights
 
 
 def test_full_model_exports_hf_names(tiny_model_dir):
@@ -32,20 +32,9 @@ def test_lora_merged_export_equals_peft_merge(tiny_model_dir):
     )
 
 
-def test_adapter_export_holds_only_lora_tensors(tiny_model_dir):
-    model = load_policy(tiny_model_dir, TrainerConfig(lora=LoraConfig(enabled=True, sync="adapter")))
-    names = [n for n, _ in adapter_weights(model)]
-    assert names and all("lora_A" in n or "lora_B" in n for n in names)
-
-
 def test_missing_model_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
         load_policy(tmp_path, TrainerConfig())
-
-
-def test_adapter_sync_without_lora_is_a_config_error():
-    with pytest.raises(ValueError, match=r"lora\.sync=adapter needs trainer\.lora\.enabled"):
-        TrainerConfig(lora=LoraConfig(sync="adapter"))
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 10_000])
