@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import signal
 import sys
 import time
@@ -39,6 +40,18 @@ def make_run_dir(cfg: RunConfig) -> Path:
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
+
+
+def unshared_run_dir_error(run_dir: Path, seen: dict[str, bool]) -> str | None:
+    """The one-line error when some actor cannot see the driver's run folder (else None)."""
+    blind = [name for name, ok in seen.items() if not ok]
+    if not blind:
+        return None
+    return (
+        f"the run folder {run_dir.resolve()} is not visible to the {', '.join(blind)} (on other "
+        "node(s)): put train.runs_dir (or train.run_dir) on a filesystem every node mounts "
+        "(docs/cluster.md), or checkpoints and rollouts.jsonl split across nodes"
+    )
 
 
 class Trainer:
@@ -80,6 +93,7 @@ class Trainer:
         )
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
         self.record_placement()
+        self.check_run_dir_is_shared()
         self.ckpt_dir = run_dir / "checkpoints"
         self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
 
@@ -110,6 +124,22 @@ class Trainer:
         write_placement(self.run_dir, placement)
         for kind, nodes in nodes_by_kind(placement).items():
             log.info("placement: %d %s on %d node(s): %s", sum(nodes.values()), kind, len(nodes), nodes)
+
+    def check_run_dir_is_shared(self) -> None:
+        """The coordinator writes rollouts.jsonl and the learners the checkpoints into the run folder,
+        and the driver reads both: on a cluster it must be one shared filesystem, or a run's
+        record splits across nodes and a resume finds half of it. One marker file tells."""
+        import ray
+
+        marker = self.run_dir / f".shared-check-{os.getpid()}"
+        marker.write_text("written by the driver; read by the run's actors\n")
+        try:
+            seen = {f"learner {i}": ok for i, ok in enumerate(self.learner.sees(marker))}
+            seen["coordinator"] = ray.get(self.coordinator.sees.remote(str(marker)))
+        finally:
+            marker.unlink(missing_ok=True)
+        if error := unshared_run_dir_error(self.run_dir, seen):
+            raise RuntimeError(error)
 
     def resume(self) -> None:
         extra = self.learner.resume(self.ckpt_dir)

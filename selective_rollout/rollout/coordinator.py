@@ -450,6 +450,10 @@ class CoordinatorActor:
     async def env_worker_pids(self) -> list[int]:
         return self.pool.worker_pids()
 
+    async def sees(self, path: str) -> bool:
+        """Whether ``path`` exists from this actor's node (it writes the run's rollouts.jsonl)."""
+        return Path(path).exists()
+
     async def placement(self) -> dict[str, list[dict[str, Any]]]:
         """Where this actor and its env workers run (the driver adds engines and learners)."""
         from selective_rollout.placement import here

@@ -203,6 +203,10 @@ class LearnerGroup:
         rounds them to an engine's precision first (``engine.dtype``)."""
         return self._on_rank0("weights_checksum", dtype)
 
+    def sees(self, path: str | Path) -> list[bool]:
+        """Whether each learner rank sees ``path`` (checkpoints go where the learners write)."""
+        return self._on_all("sees", str(path))
+
     def locations(self) -> list[dict[str, Any]]:
         """Where each learner rank runs, in rank order."""
         return self._on_all("location")

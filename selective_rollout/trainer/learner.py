@@ -148,6 +148,10 @@ class LearnerWorker:
     def device_type(self) -> str:
         return self.device.type
 
+    def sees(self, path: str) -> bool:
+        """Whether ``path`` exists from this learner's node (is the run folder shared?)."""
+        return Path(path).exists()
+
     def location(self) -> dict[str, Any]:
         """This learner's Ray node and process (``placement.json``)."""
         from selective_rollout.placement import here

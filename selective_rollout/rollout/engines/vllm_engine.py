@@ -139,7 +139,8 @@ class VLLMEngine(RolloutEngine):
     async def _rescore(
         self, request_id: str, index: int, prompt: list[int], completion: list[int]
     ) -> list[float]:
-        """Unconstrained log-probs of ``completion`` after ``prompt`` (one prefill, mostly cached)."""
+        """Unconstrained log-probs of ``completion`` after ``prompt``: one whole prefill, since vLLM
+        bypasses its prefix cache for ``prompt_logprobs`` requests."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
