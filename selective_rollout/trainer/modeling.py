@@ -20,13 +20,18 @@ from selective_rollout.config.trainer import TrainerConfig
 
 
 def load_policy(model_path: str | Path, cfg: TrainerConfig) -> torch.nn.Module:
-    """The trainable policy in fp32 (DeepSpeed casts to bf16 when asked), LoRA-wrapped if enabled."""
+    """The trainable policy in the training precision, LoRA-wrapped if enabled.
+
+    Loaded straight in bf16 when training in bf16 (DeepSpeed keeps its fp32 master copy itself), so
+    a 7B policy or KL reference never holds a transient fp32 copy (28 GB) on its way to the GPU.
+    """
     path = Path(model_path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model folder {path} has no config.json (expected a HF save_pretrained folder)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.config.use_cache = False
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()

@@ -32,6 +32,12 @@ def test_lora_merged_export_equals_peft_merge(tiny_model_dir):
     )
 
 
+@pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_policy_loads_in_the_training_precision(tiny_model_dir, precision, dtype):
+    model = load_policy(tiny_model_dir, TrainerConfig(precision=precision))
+    assert {p.dtype for p in model.parameters()} == {dtype}
+
+
 def test_missing_model_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
         load_policy(tmp_path, TrainerConfig())
