@@ -39,3 +39,16 @@ class RunConfig(Section):
                 "the gate would never look"
             )
         return self
+
+    @model_validator(mode="after")
+    def _nccl_needs_a_gpu_each(self) -> "RunConfig":
+        """NCCL refuses two ranks of one group on one GPU ("Duplicate GPU detected"), and fractional
+        GPUs let Ray put a learner and an engine on the same one."""
+        learner, engine = self.placement.learner_num_gpus, self.engine.num_gpus
+        if self.trainer.weight_sync == "nccl" and (0 < learner < 1 or 0 < engine < 1):
+            raise ValueError(
+                f"trainer.weight_sync=nccl with placement.learner_num_gpus={learner} and engine.num_gpus="
+                f"{engine}: a fractional GPU lets Ray place a learner and an engine on one GPU, which "
+                "NCCL refuses; give each at least 1 GPU, or use weight_sync=gloo/object_store"
+            )
+        return self

@@ -54,3 +54,12 @@ def test_configuration_reference_is_current():
     doc = (ROOT / "docs" / "configuration.md").read_text()
     fix = "python -m selective_rollout.config.reference > docs/configuration.md"
     assert doc == render(), f"the reference is stale; regenerate it: {fix}"
+
+
+def test_nccl_sync_with_a_shared_gpu_is_refused():
+    from selective_rollout.config import ConfigError
+
+    shared = ["trainer.weight_sync=nccl", "placement.learner_num_gpus=0.5", "engine.num_gpus=0.5"]
+    with pytest.raises(ConfigError, match="NCCL refuses"):
+        load_config(None, shared)
+    load_config(None, ["trainer.weight_sync=nccl", "placement.learner_num_gpus=1", "engine.num_gpus=1"])
