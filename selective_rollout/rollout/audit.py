@@ -36,7 +36,7 @@ class AuditBudget:
             return True
         if self.precision_low() >= self.target_precision:
             return False
-        return self.audit_spent < self.budget * self.spent
+        return self.budget >= 1.0 or self.audit_spent < self.budget * self.spent
 
     def decided(self, audit: bool) -> None:
         self.chosen += audit

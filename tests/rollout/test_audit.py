@@ -28,6 +28,13 @@ def test_first_stop_is_audited_even_with_a_tiny_budget() -> None:
     assert not audits.want_audit()
 
 
+def test_a_full_budget_audits_every_stop_even_before_any_spending() -> None:
+    audits = AuditBudget(budget=1.0)
+    for _ in range(3):  # concurrent stops, none finished yet
+        assert audits.want_audit()
+        audits.decided(True)
+
+
 def test_zero_budget_never_audits() -> None:
     assert not AuditBudget(budget=0.0).want_audit()
 
