@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ class GroupCoordinator:
                     if not self.strategy.admit(task.task_id):
                         records.append(self._skipped_record(task, iteration))
                         continue
-                group = self._new_group(task)
+                group = self._new_group(task, iteration)
                 runner = self._run_group_lockstep if self.rc.mode == "lockstep" else self._run_group
                 fut = asyncio.create_task(runner(task, group))
                 self._active.add(fut)
@@ -172,12 +173,13 @@ class GroupCoordinator:
         experiences = [e for g in kept for e in g.experiences()]
         return RolloutBatch(experiences, records, metrics, cursor, [g.group_id for g in kept])
 
-    def _new_group(self, task: Task) -> GroupRun:
+    def _new_group(self, task: Task, iteration: int) -> GroupRun:
         self._group_seq += 1
         group = GroupRun(
             f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, self.audits
         )
         group.engine_index = self._pick_engine()
+        group.sample_key = f"{self.cfg.seed}:{iteration}:{task.task_id}"
         return group
 
     def _skipped_record(self, task: Task, iteration: int) -> GroupRecord:
@@ -260,7 +262,7 @@ class GroupCoordinator:
 
     async def _generate(self, group: GroupRun, traj: TrajectoryRun, engine: Any, session: bool):
         """One engine call for one trajectory; returns (command, valid, completion) or None on abort."""
-        sampling = self._sampling(traj)
+        sampling = self._sampling(group, traj)
         traj.request_id = f"{traj.session_id}-s{len(traj.steps)}"
         prompt = traj.conversation.prompt_ids
         try:
@@ -279,11 +281,21 @@ class GroupCoordinator:
         self._tokens += len(out.token_ids)
         return parsed.command, parsed.valid, completion
 
-    def _sampling(self, traj: TrajectoryRun) -> SamplingParams:
+    def _sampling(self, group: GroupRun, traj: TrajectoryRun) -> SamplingParams:
+        """The turn's sampling parameters, seeded by (run seed, iteration, task, trajectory, step):
+        a trajectory samples the same tokens whatever else the engine batches with it, so runs
+        repeat, and the arms of an experiment that reach the same task with the same weights
+        sample it alike (their differences are the strategies', not the scheduler's)."""
         ec = self.cfg.engine
+        key = f"{group.sample_key}:{traj.index}:{len(traj.steps)}"
         return self.agent.sampling(
             traj.admissible,
-            SamplingParams(max_tokens=ec.max_new_tokens, temperature=ec.temperature, top_p=ec.top_p),
+            SamplingParams(
+                max_tokens=ec.max_new_tokens,
+                temperature=ec.temperature,
+                top_p=ec.top_p,
+                seed=zlib.crc32(key.encode()) & 0x7FFFFFFF,
+            ),
         )
 
     async def _env_step(self, group: GroupRun, actions: dict[str, str]) -> dict[str, Any]:

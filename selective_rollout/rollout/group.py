@@ -100,6 +100,7 @@ class GroupRun:
         self.stopped = False  # the gate fired and the group is not audited: cancel it
         self.failure: str | None = None
         self.engine_index = 0
+        self.sample_key = group_id  # what seeds its trajectories' sampling (the coordinator's key)
         self._checked_through = 0
         self.started = time.perf_counter()
 

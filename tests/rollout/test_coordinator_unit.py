@@ -34,6 +34,7 @@ class ScriptedEngine:
     aborted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     in_flight: dict[str, asyncio.Event] = field(default_factory=dict)
+    seeds: dict[tuple[int, str, str], int] = field(default_factory=dict)  # (game, traj, step) -> seed
 
     def __post_init__(self):
         self.generate = _Remote(self._generate)
@@ -44,6 +45,7 @@ class ScriptedEngine:
         # request ids look like g3-t1-s4: group, trajectory, step
         _, t, s = request_id.rsplit("-", 2)
         game = prompt[0]
+        self.seeds[(game, t, s)] = sampling.seed
         event = self.in_flight[request_id] = asyncio.Event()
         try:
             await asyncio.wait_for(event.wait(), timeout=self.delay)
@@ -319,3 +321,22 @@ def test_lockstep_mode_matches_the_paper_loop():
     # in lock-step every trajectory stops at exactly K actions
     assert all(len(t.steps) == 3 for t in cut.trajectories)
     assert not co.engine.aborted
+
+
+def test_sampling_seeds_follow_the_task_not_the_schedule():
+    """A trajectory's sampling seed is fixed by (run seed, iteration, task, trajectory, step): two
+    coordinators that start the groups in another order and with other group ids seed alike."""
+    games = ["diverge_mixed", "diverge_lose"]
+    alone = Coordinated(
+        ["rollout.strategy=none", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=1"]
+    )
+    alone.c._group_seq = 40  # other group ids
+    alone.run(games)
+    together = Coordinated(
+        ["rollout.strategy=none", "rollout.groups_per_iteration=2", "rollout.max_groups_in_flight=2"]
+    )
+    together.run(games)
+    assert alone.engine.seeds == together.engine.seeds and len(set(alone.engine.seeds.values())) > 10
+    other_iteration = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=2"])
+    other_iteration.run(games, iteration=1)
+    assert set(other_iteration.engine.seeds.values()).isdisjoint(alone.engine.seeds.values())
