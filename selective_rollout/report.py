@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def regime_summary(groups: Sequence[GroupRecord], k: int) -> dict[str, Any]:
     from selective_rollout.gate import prefix_edit_distance
 
     whole = [g for g in groups if g.iteration >= 0 and g.zero_variance is not None and g.g >= 2]
-    lengths = sorted(len(t.steps) for g in whole for t in g.trajectories)
+    lengths = [len(t.steps) for g in whole for t in g.trajectories]
     rewards = [{t.reward for t in g.trajectories} for g in whole]
     d_k = {round(prefix_edit_distance([t.actions for t in g.trajectories], k), 6) for g in whole}
     n = len(whole)
@@ -98,16 +99,9 @@ def regime_summary(groups: Sequence[GroupRecord], k: int) -> dict[str, Any]:
         "k": k,
         "all_fail_frac": sum(r == {0.0} for r in rewards) / n if n else None,
         "all_succeed_frac": sum(r == {1.0} for r in rewards) / n if n else None,
-        "median_trajectory_steps": _median(lengths),
+        "median_trajectory_steps": float(statistics.median(lengths)) if lengths else None,
         "d_k_distinct": len(d_k),
     }
-
-
-def _median(values: Sequence[int]) -> float | None:
-    if not values:
-        return None
-    mid = len(values) // 2
-    return float(values[mid]) if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def _fmt(value: Any, pct: bool = False) -> str:
