@@ -3,8 +3,18 @@
 Usable on its own: nothing here imports ``selective_rollout``.
 """
 
+from alfworld_env.errors import GameError
 from alfworld_env.games import GameInfo, ensure_games, load_games
 from alfworld_env.pool import EnvPool, EpisodeState
 from alfworld_env.scenario import PRESETS, TASK_TYPES
 
-__all__ = ["PRESETS", "TASK_TYPES", "EnvPool", "EpisodeState", "GameInfo", "ensure_games", "load_games"]
+__all__ = [
+    "PRESETS",
+    "TASK_TYPES",
+    "EnvPool",
+    "EpisodeState",
+    "GameError",
+    "GameInfo",
+    "ensure_games",
+    "load_games",
+]

@@ -7,11 +7,15 @@ cache folder in the home directory; nothing here depends on either.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.pddl import PddlEnv
+
+from alfworld_env.errors import GameError
 
 REQUEST_INFOS = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
 NOTHING_HAPPENS = "Nothing happens."
@@ -29,14 +33,17 @@ class Episode:
 
     def __init__(self, game: str | dict) -> None:
         self._env = AlfredInfos(AlfredDemangler(PddlEnv(REQUEST_INFOS)))
-        self._env.load(game)
+        with _as_game_error("load"):
+            self._env.load(game)
 
     def reset(self) -> Observation:
-        return self._observe(self._env.reset())
+        with _as_game_error("reset"):
+            return self._observe(self._env.reset())
 
     def step(self, command: str) -> Observation:
-        state, _, _ = self._env.step(command)
-        return self._observe(state)
+        with _as_game_error(f"step {command!r}"):
+            state, _, _ = self._env.step(command)
+            return self._observe(state)
 
     def names(self) -> dict[str, str]:
         """Engine id (lower-case, mangled) -> the name the player sees, e.g. ``apple 1``."""
@@ -48,3 +55,13 @@ class Episode:
     @staticmethod
     def _observe(state) -> Observation:
         return Observation(state.feedback.strip(), list(state["admissible_commands"]), bool(state["won"]))
+
+
+@contextmanager
+def _as_game_error(what: str) -> Iterator[None]:
+    try:
+        yield
+    except GameError:
+        raise
+    except Exception as exc:  # the engine raises parser, planner and KeyError types alike
+        raise GameError(f"the engine failed to {what}: {type(exc).__name__}: {exc}") from None

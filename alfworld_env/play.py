@@ -13,6 +13,7 @@ from pathlib import Path
 
 from alfworld_env import speedups
 from alfworld_env.engine import Episode, Observation
+from alfworld_env.errors import GameError
 
 
 def _emit(command: str | None, ob: Observation, as_json: bool) -> None:
@@ -34,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no game.tw-pddl in {args.game_dir}", file=sys.stderr)
         return 2
     speedups.enable()
-    ep = Episode(str(game_file))
-    ob = ep.reset()
+    try:
+        ep = Episode(str(game_file))
+        ob = ep.reset()
+    except GameError as exc:
+        print(f"error: {game_file}: {exc}", file=sys.stderr)
+        return 2
     _emit(None, ob, args.json)
     if args.commands is not None:
         commands = iter(c.strip() for c in args.commands.split(";") if c.strip())
@@ -49,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                 break
     except EOFError:
         pass
+    except GameError as exc:
+        print(f"error: {game_file}: {exc}", file=sys.stderr)
+        return 2
     finally:
         ep.close()
     return 0

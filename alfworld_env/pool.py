@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError
 
 from alfworld_env import speedups
 from alfworld_env.engine import Episode
+from alfworld_env.errors import GameError
 
 _TASK_MARK = "Your task is to: "
 
@@ -59,24 +60,32 @@ class EnvWorker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
-    def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[tuple[str, list[str], bool]]:
+    def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[tuple[str, list[str], bool]] | str:
+        """G fresh episodes of one game: (obs, admissible, won) each, or why the game is unplayable.
+
+        The failure comes back as a string, not an exception: it must cross to the caller's
+        process as plain data (see ``GameError``).
+        """
         start = time.perf_counter()
         game_file = Path(game_dir) / "game.tw-pddl"
-        if not game_file.is_file():
-            raise FileNotFoundError(f"no game.tw-pddl in {game_dir}")
-        game = json.loads(game_file.read_text())
-        out = []
-        for eid in episode_ids:
-            ep = Episode(game)
-            ob = ep.reset()
-            self._episodes[eid] = ep
-            out.append((ob.obs, ob.admissible, ob.won))
+        try:
+            game = json.loads(game_file.read_text())
+            out = []
+            for eid in episode_ids:
+                ep = Episode(game)
+                ob = ep.reset()
+                self._episodes[eid] = ep
+                out.append((ob.obs, ob.admissible, ob.won))
+        except (OSError, ValueError, GameError) as exc:
+            for eid in episode_ids:
+                self._episodes.pop(eid, None)
+            return f"{game_file}: {exc}"
         self._stats.resets += 1
         self._stats.reset_s += time.perf_counter() - start
         return out
 
     def step(self, actions: dict[str, str]) -> dict[str, tuple[str, list[str], bool] | str]:
-        """Per episode: (obs, admissible, won), or an error string for an unknown episode."""
+        """Per episode: (obs, admissible, won), or an error string (an unknown episode, an engine error)."""
         out: dict[str, tuple[str, list[str], bool] | str] = {}
         for eid, command in actions.items():
             ep = self._episodes.get(eid)
@@ -84,7 +93,11 @@ class EnvWorker:
                 out[eid] = f"episode {eid} is not open on this env worker"
                 continue
             start = time.perf_counter()
-            ob = ep.step(command)
+            try:
+                ob = ep.step(command)
+            except GameError as exc:
+                out[eid] = str(exc)
+                continue
             self._stats.step_s += time.perf_counter() - start
             self._stats.steps += 1
             out[eid] = (ob.obs, ob.admissible, ob.won)
@@ -145,7 +158,11 @@ class EnvPool:
         self._restarts += 1
 
     async def reset_group(self, game_dir: str, g: int) -> list[EpisodeState]:
-        """G independent episodes of one game on the least loaded worker."""
+        """G independent episodes of one game on the least loaded worker.
+
+        Raises ``GameError`` (naming the game file) when the game cannot be played, and
+        ``RuntimeError`` when every worker died trying.
+        """
         ids = [f"ep{next(self._ids)}" for _ in range(g)]
         for _attempt in range(len(self._slots) + 1):
             index = min(range(len(self._slots)), key=lambda i: len(self._slots[i].episodes))
@@ -156,6 +173,8 @@ class EnvPool:
             except RayActorError as exc:
                 self._replace(index, type(exc).__name__)
                 continue
+            if isinstance(results, str):
+                raise GameError(results)
             self._reset_s.append(time.perf_counter() - start)
             slot.episodes.update(ids)
             self._where.update(dict.fromkeys(ids, index))

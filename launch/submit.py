@@ -60,6 +60,10 @@ WORKING_DIR_EXCLUDES = (
     ".ruff_cache",
     ".hypothesis",
 )
+# Secrets never travel in the job's runtime env: it is job metadata, readable by anyone who
+# reaches the dashboard's job API. Nodes get them from their own environment or a file
+# (docs/cluster.md, "Secrets").
+_SECRET = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 TRAIN_MODULE = "selective_rollout.train"
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -70,14 +74,34 @@ class SubmitError(ValueError):
 
 
 def forwarded_env(environ: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
-    """The job's env vars: the known run variables set here, then ``KEY=VALUE`` items (which win)."""
-    env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
+    """The job's env vars: the known run variables set here, then ``KEY=VALUE`` items (which win).
+
+    Secret-looking names (``WANDB_API_KEY``, ``*_TOKEN``, ...) are left out, with a note on
+    stderr, and refused as ``--env`` items.
+    """
+    env = {}
+    for key, value in environ.items():
+        if not (key.startswith(FORWARDED_PREFIXES) or key in FORWARDED_NAMES):
+            continue
+        if _SECRET.search(key):
+            print(f"note: {key} is set here but not forwarded: {_SECRET_ADVICE}", file=sys.stderr)
+            continue
+        env[key] = value
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or not _ENV_NAME.match(key):
             raise SubmitError(f"--env {item!r} is not of the form NAME=VALUE")
+        if _SECRET.search(key):
+            raise SubmitError(f"--env {key}: {_SECRET_ADVICE}")
         env[key] = value
     return env
+
+
+_SECRET_ADVICE = (
+    "secrets are not put into the job's metadata, which the dashboard's job API shows to anyone who "
+    "reaches it; set it in the environment of the cluster's nodes (or `wandb login` on a shared home), "
+    "see docs/cluster.md, Secrets"
+)
 
 
 def train_entrypoint(driver_args: Sequence[str] = (), python: str = "python") -> str:

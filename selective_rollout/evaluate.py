@@ -41,11 +41,11 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
     per_task: list[float] = []
     by_task: dict[str, float] = {}
     by_type: dict[str, list[float]] = defaultdict(list)
-    failed = 0
+    failed: dict[str, str] = {}
     for g in groups:
         done = [t for t in g.trajectories if t.reward is not None]
         if not done:
-            failed += 1
+            failed[g.task_id] = str(g.meta.get("failure") or g.meta.get("skipped") or "no finished episode")
             continue
         rate = sum(t.won for t in done) / len(done)
         per_task.append(rate)
@@ -56,7 +56,8 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
         "success_rate": float(np.mean(per_task)) if per_task else float("nan"),
         "ci95": [lo, hi],
         "tasks": len(per_task),
-        "failed_tasks": failed,
+        "failed_tasks": len(failed),
+        "failed": failed,
         "by_type": {
             k: {"success_rate": float(np.mean(v)), "tasks": len(v)} for k, v in sorted(by_type.items())
         },
@@ -99,7 +100,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  {k:<34} {v['success_rate']:6.1%}  ({v['tasks']} tasks)" for k, v in summary["by_type"].items()
     ]
     if summary["failed_tasks"]:
-        lines.append(f"  {summary['failed_tasks']} task(s) failed (worker died twice) and are not counted")
+        lines.append(f"  {summary['failed_tasks']} task(s) failed and are not counted:")
+        lines += [f"    {task}: {why}" for task, why in summary.get("failed", {}).items()]
     return "\n".join(lines)
 
 
@@ -107,7 +109,7 @@ def run_evaluation(cfg: RunConfig, model_path: str | Path) -> dict[str, Any]:
     """Start Ray (or join RAY_ADDRESS), one engine on ``model_path``, and evaluate ``cfg.eval``."""
     import ray
 
-    from selective_rollout.rollout.coordinator import create_coordinator
+    from selective_rollout.rollout.coordinator import create_coordinator, wait_for_coordinator
     from selective_rollout.rollout.engines import create_engines
     from selective_rollout.runtime import held_out_tasks, init_ray
 
@@ -116,10 +118,11 @@ def run_evaluation(cfg: RunConfig, model_path: str | Path) -> dict[str, Any]:
     engines = create_engines(cfg.engine, Path(model_path), cfg.engine.num_engines)
     coordinator = create_coordinator(cfg, engines, model_path, None)
     try:
-        groups = ray.get(coordinator.evaluate.remote(tasks))
+        ref = coordinator.evaluate.remote(tasks)
+        groups = wait_for_coordinator(coordinator, ref, "evaluation", cfg.train.stall_timeout_s)
     finally:
-        ray.get(coordinator.shutdown.remote())
-        ray.get([e.shutdown.remote() for e in engines])
+        ray.get(coordinator.shutdown.remote(), timeout=60)
+        ray.get([e.shutdown.remote() for e in engines], timeout=60)
     return success_summary(groups, cfg.eval.bootstrap, cfg.seed)
 
 

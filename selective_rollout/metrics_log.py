@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from selective_rollout.config.logging import LoggingConfig
+from selective_rollout.records import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,11 @@ class MetricLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The iterations of a metrics.jsonl, in order."""
-    with Path(path).open() as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """The iterations of a metrics.jsonl, in order (a torn last line skipped, see ``read_jsonl``)."""
+    return list(read_jsonl(path, _metrics_line, "metrics line"))
+
+
+def _metrics_line(obj: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(obj.get("iteration"), int):
+        raise ValueError("no integer 'iteration'")
+    return obj

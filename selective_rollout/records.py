@@ -12,15 +12,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 SCHEMA_VERSION = 1
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Outcome(str, Enum):
@@ -152,7 +154,7 @@ class GroupRecord:
             Trajectory(
                 index=int(t["index"]),
                 steps=[Step(**s) for s in t.get("steps", [])],
-                reward=None if t.get("reward") is None else float(t["reward"]),
+                reward=_finite_or_none(t.get("reward"), "reward"),
                 won=bool(t.get("won", False)),
                 status=TrajectoryStatus(t.get("status", "finished")),
             )
@@ -172,31 +174,78 @@ class GroupRecord:
         )
 
 
-class RolloutLogError(ValueError):
-    """A rollouts.jsonl line that cannot be read (named by file and line)."""
+def _finite_or_none(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} is {value!r}, not a finite number")
+    return number
 
 
-def read_groups(path: str | Path) -> Iterator[GroupRecord]:
-    """Yield the groups of a rollouts.jsonl file.
+class LogLineError(ValueError):
+    """A line of a JSONL log (rollouts.jsonl, metrics.jsonl) that cannot be read, named by file and line."""
+
+
+def read_jsonl(path: str | Path, parse: Callable[[dict[str, Any]], T], what: str) -> Iterator[T]:
+    """Yield ``parse(obj)`` for each JSON object line of a log.
 
     A torn last line (a crash mid-write) is skipped with a warning, since every earlier line
-    was flushed whole; a bad line anywhere else is an error naming the file and line.
+    was flushed whole; a bad line anywhere else (not JSON, not an object, rejected by ``parse``)
+    is an error naming the file and line.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"rollouts file not found: {path}")
     with path.open() as fh:
         lines = fh.readlines()
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            yield GroupRecord.from_dict(json.loads(line))
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError(f"a JSON {type(obj).__name__}, not an object")
+            parsed = parse(obj)
         except (ValueError, KeyError, TypeError) as exc:
             if lineno == len(lines) and not line.endswith("\n"):
                 log.warning("%s:%d: skipping a torn last line (%s)", path, lineno, exc)
                 continue
-            raise RolloutLogError(f"{path}:{lineno}: not a valid group record: {exc}") from exc
+            raise LogLineError(f"{path}:{lineno}: not a valid {what}: {exc}") from exc
+        yield parsed
+
+
+def read_groups(path: str | Path) -> Iterator[GroupRecord]:
+    """Yield the groups of a rollouts.jsonl file (torn last line skipped, see ``read_jsonl``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"rollouts file not found: {path}")
+    yield from read_jsonl(path, GroupRecord.from_dict, "group record")
+
+
+def rewind_jsonl(path: str | Path, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Rewind a log to a checkpoint: keep the lines ``keep`` accepts and move the others (and
+    any unreadable line) to ``<name>.rewound`` beside it, so a resumed run that redoes those
+    iterations never repeats a record, and nothing once written is deleted. Returns how many
+    lines moved. Call it before anything opens the log for appending."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, moved = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            obj = json.loads(line) if line.strip() else None
+            ok = isinstance(obj, dict) and line.endswith("\n") and keep(obj)
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if line.strip():
+            (kept if ok else moved).append(line if line.endswith("\n") else line + "\n")
+    if not moved:
+        return 0
+    with path.with_name(path.name + ".rewound").open("a") as fh:
+        fh.writelines(moved)
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text("".join(kept))
+    os.replace(staging, path)
+    return len(moved)
 
 
 class GroupWriter:

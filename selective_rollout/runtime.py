@@ -27,6 +27,7 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         ray.init(address=address, log_to_driver=True)
         log.info("joined Ray cluster at %s", address)
         return
+    _keep_local_cluster_on_loopback()
     ray.init(
         address="local",  # a fresh cluster, never one another process started with `ray start`
         num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 1)),
@@ -34,6 +35,23 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         _node_ip_address="127.0.0.1",
         log_to_driver=True,
     )
+
+
+def _keep_local_cluster_on_loopback() -> None:
+    """Make the local cluster listen on 127.0.0.1 only.
+
+    Ray's GCS, raylet, worker, agent and metrics servers bind to loopback exactly when the
+    node's IP is 127.0.0.1, and to every interface otherwise; but ``ray.init`` rewrites a
+    loopback ``_node_ip_address`` to the machine's routable address unless multi-node clusters
+    are switched off (Ray's default on macOS and Windows, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``).
+    A local cluster is one node by definition, so switch them off for this process and the
+    cluster's processes (they inherit the environment); otherwise anyone who can reach the
+    machine can run code on the training run's cluster.
+    """
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time; ray was imported before this ran
 
 
 def _games(cfg: RunConfig, split: str) -> list[Task]:

@@ -4,7 +4,9 @@ Lets the inference-time gate (selective_rollout.infer) and any OpenAI client tal
 we already have, exactly as they would talk to ``vllm serve``. Endpoints: ``GET /v1/models`` and
 ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens, temperature, top_p,
 n, seed). A client that disconnects aborts its request in the engine, which is how a gated
-sample's generation is cut.
+sample's generation is cut. Every field is checked before the engine sees it (one 400 naming
+it), a prompt longer than the model's context is refused, and ``ServerLimits`` bounds ``n``,
+``max_tokens`` and the tokens admitted at once (413 for a request that alone exceeds them).
 
     python -m selective_rollout.serve --model smollm2-135m-instruct --port 0
 prints ``listening on http://127.0.0.1:PORT`` once it accepts requests.
@@ -22,7 +24,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +42,56 @@ class BadRequest(ValueError):
     """A request body the server cannot serve; the message names the field."""
 
 
-def sampling_from_body(body: dict[str, Any]) -> SamplingParams:
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request, and the requests in flight together, may ask of the engine.
+
+    A request's budget is ``n x (prompt tokens + max_tokens)``, the most KV it can grow. One
+    over ``max_admitted_tokens`` on its own gets 413; otherwise it waits until the requests in
+    flight leave room, so memory stays bounded however many clients arrive at once.
+    """
+
+    max_n: int = 16
+    max_tokens: int = 2048
+    max_admitted_tokens: int = 131072
+
+
+def _integer(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer, got {value!r}")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"'{name}' must be a number, got {value!r}")
+    return float(value)
+
+
+def sampling_from_body(body: dict[str, Any], limits: ServerLimits = ServerLimits()) -> SamplingParams:
     """OpenAI request fields -> SamplingParams, with one clear error per bad field."""
+    max_tokens = _integer(body, "max_completion_tokens", None)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 64)
+    sp = SamplingParams(
+        n=_integer(body, "n", 1),
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0),
+        top_p=_number(body, "top_p", 1.0),
+        seed=_integer(body, "seed", None),
+    )
     try:
-        sp = SamplingParams(
-            n=int(body.get("n", 1)),
-            max_tokens=int(body.get("max_completion_tokens") or body.get("max_tokens") or 64),
-            temperature=float(body.get("temperature", 1.0)),
-            top_p=float(body.get("top_p", 1.0)),
-            seed=None if body.get("seed") is None else int(body["seed"]),
-        )
         sp.validate()
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise BadRequest(str(exc)) from None
+    if sp.n > limits.max_n:
+        raise BadRequest(f"'n' is {sp.n}; this server allows at most {limits.max_n} (--max-n)")
+    if sp.max_tokens > limits.max_tokens:
+        raise BadRequest(f"'max_tokens' is {sp.max_tokens}; this server allows at most {limits.max_tokens}")
     return sp
 
 
@@ -74,12 +114,37 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class ChatServer:
-    """Routes OpenAI chat requests to one engine; request ids are unique per server."""
+    """Routes OpenAI chat requests to one engine; request ids are unique per server.
 
-    def __init__(self, engine: RolloutEngine, model_name: str) -> None:
+    ``count_tokens`` gives a request's prompt length for its budget (``ServerLimits``).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        model_name: str,
+        count_tokens: Callable[[list[dict[str, str]]], int],
+        limits: ServerLimits = ServerLimits(),
+    ) -> None:
         self.engine, self.model_name = engine, model_name
+        self.count_tokens, self.limits = count_tokens, limits
         self._ids = itertools.count()
+        self._admitted_tokens = 0
+        self._room = asyncio.Condition()
         self.aborted = 0
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, budget: int) -> AsyncIterator[None]:
+        cap = self.limits.max_admitted_tokens
+        async with self._room:
+            await self._room.wait_for(lambda: self._admitted_tokens + budget <= cap)
+            self._admitted_tokens += budget
+        try:
+            yield
+        finally:
+            async with self._room:
+                self._admitted_tokens -= budget
+                self._room.notify_all()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -101,20 +166,31 @@ class ChatServer:
                 return _error(
                     404, f"model {body.get('model')!r} is not served here; serving {self.model_name!r}"
                 )
-            messages, sampling = _messages(body), sampling_from_body(body)
+            messages, sampling = _messages(body), sampling_from_body(body, self.limits)
         except (BadRequest, ValueError) as exc:
             return _error(400, f"bad chat completion request: {exc}")
-        rid = f"chatcmpl-{next(self._ids)}"
-        task = asyncio.ensure_future(self.engine.generate(rid, messages, sampling))
         try:
-            done = await asyncio.shield(task)
-        except asyncio.CancelledError:  # the client went away: free the engine at once
-            self.aborted += 1
-            await self.engine.abort([rid])
-            await asyncio.wait([task])
-            raise
+            budget = sampling.n * (self.count_tokens(messages) + sampling.max_tokens)
         except EngineError as exc:
             return _error(400, str(exc))
+        if budget > self.limits.max_admitted_tokens:
+            return _error(
+                413,
+                f"request too large: n x (prompt + max_tokens) = {budget} tokens, over this server's "
+                f"{self.limits.max_admitted_tokens} (--max-admitted-tokens)",
+            )
+        async with self._admitted(budget):
+            rid = f"chatcmpl-{next(self._ids)}"
+            task = asyncio.ensure_future(self.engine.generate(rid, messages, sampling))
+            try:
+                done = await asyncio.shield(task)
+            except asyncio.CancelledError:  # the client went away: free the engine at once
+                self.aborted += 1
+                await self.engine.abort([rid])
+                await asyncio.wait([task])
+                raise
+            except EngineError as exc:
+                return _error(400, str(exc))
         completion_tokens = sum(len(o.token_ids) for o in done.outputs)
         return web.json_response(
             {
@@ -139,9 +215,9 @@ class ChatServer:
         )
 
 
-async def serve(engine: RolloutEngine, model_name: str, port: int = 0) -> tuple[web.AppRunner, int]:
+async def serve(server: ChatServer, port: int = 0) -> tuple[web.AppRunner, int]:
     """Start serving on 127.0.0.1:port (0 = a free port); returns the runner and the bound port."""
-    runner = web.AppRunner(ChatServer(engine, model_name).app(), handler_cancellation=True)
+    runner = web.AppRunner(server.app(), handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, HOST, port)
     await site.start()
@@ -178,7 +254,9 @@ async def _main(args: argparse.Namespace) -> None:
 
     cfg = EngineConfig(model=args.model, threads=args.threads, max_batch_size=args.max_batch_size)
     engine = TransformersEngine(cfg, resolve_model(args.model))
-    _, port = await serve(engine, args.served_model_name or args.model, args.port)
+    limits = ServerLimits(args.max_n, args.max_tokens, args.max_admitted_tokens)
+    server = ChatServer(engine, args.served_model_name or args.model, engine.prompt_length, limits)
+    _, port = await serve(server, args.port)
     print(f"listening on http://{HOST}:{port}", flush=True)
     await asyncio.Event().wait()
 
@@ -190,6 +268,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=0, help="0 = a free port")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--max-batch-size", type=int, default=64)
+    ap.add_argument("--max-n", type=int, default=ServerLimits.max_n, help="largest 'n' a request may ask")
+    ap.add_argument("--max-tokens", type=int, default=ServerLimits.max_tokens, help="largest 'max_tokens'")
+    ap.add_argument(
+        "--max-admitted-tokens",
+        type=int,
+        default=ServerLimits.max_admitted_tokens,
+        help="n x (prompt + max_tokens) over the requests in flight; one request above it gets 413",
+    )
     asyncio.run(_main(ap.parse_args(argv)))
 
 

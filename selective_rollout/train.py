@@ -54,6 +54,34 @@ def unshared_run_dir_error(run_dir: Path, seen: dict[str, bool]) -> str | None:
     )
 
 
+def rewind_logs(run_dir: Path, ckpt_dir: Path, resume: str) -> None:
+    """Make the run's logs agree with the checkpoint it resumes from (or with a fresh start).
+
+    Metrics are logged before the checkpoint is saved and groups as they finish, so a run
+    killed in between has lines of iterations it will redo; they are moved to ``*.rewound``
+    (never deleted), and the resumed run writes them afresh, once.
+    """
+    from selective_rollout.records import rewind_jsonl
+    from selective_rollout.trainer import latest_checkpoint
+    from selective_rollout.trainer.checkpoint import read_extra_state
+
+    done, evaluated = 0, set()
+    if resume != "never" and (latest := latest_checkpoint(ckpt_dir)) is not None:
+        state = read_extra_state(latest)
+        done, evaluated = int(state["iteration"]), set(state["eval"])
+
+    def logged_before_the_checkpoint(line: dict[str, Any]) -> bool:
+        iteration = int(line.get("iteration", 0))
+        if iteration < 0:  # the "before" evaluation
+            return "before" in evaluated
+        # the "after" evaluation is logged at iteration == train.iterations, the last one done
+        return iteration < done or (iteration == done and "after" in evaluated)
+
+    for name in ("rollouts.jsonl", "metrics.jsonl"):
+        if moved := rewind_jsonl(run_dir / name, logged_before_the_checkpoint):
+            log.warning("%s: %d line(s) after the checkpoint moved to %s.rewound", name, moved, name)
+
+
 class Trainer:
     """Owns the actors of one run and the loop over iterations."""
 
@@ -69,6 +97,9 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
+        rewind_logs(run_dir, self.ckpt_dir, cfg.trainer.resume)  # before anything appends to them
         # data and model first: a missing dataset or model fails in seconds, before Ray starts
         self.train_tasks = train_tasks(cfg)
         self.eval_tasks = held_out_tasks(cfg)
@@ -94,8 +125,6 @@ class Trainer:
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
         self.record_placement()
         self.check_run_dir_is_shared()
-        self.ckpt_dir = run_dir / "checkpoints"
-        self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
 
     def record_placement(self) -> None:
         """Write placement.json and log how many nodes each kind of actor landed on."""
@@ -150,11 +179,12 @@ class Trainer:
         log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
 
     def evaluate(self, label: str) -> dict[str, Any]:
-        import ray
-
         from selective_rollout.evaluate import format_summary, success_summary
+        from selective_rollout.rollout.coordinator import wait_for_coordinator
 
-        groups = ray.get(self.coordinator.evaluate.remote(self.eval_tasks))
+        ref = self.coordinator.evaluate.remote(self.eval_tasks)
+        stall_s = self.cfg.train.stall_timeout_s
+        groups = wait_for_coordinator(self.coordinator, ref, f"evaluation ({label})", stall_s)
         summary = success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed)
         self.state["eval"][label] = summary
         log.info("held-out (%s): %s", label, format_summary(summary))
@@ -164,6 +194,7 @@ class Trainer:
         import ray
 
         from selective_rollout.evaluate import eval_metrics
+        from selective_rollout.rollout.coordinator import wait_for_coordinator
         from selective_rollout.runtime import task_stream
 
         cfg = self.cfg
@@ -171,7 +202,10 @@ class Trainer:
         window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
         stream = task_stream(self.train_tasks, cfg.train.task_shuffle_seed, self.state["cursor"])
         tasks = list(itertools.islice(stream, window))
-        batch = ray.get(self.coordinator.rollout.remote(tasks, it))
+        ref = self.coordinator.rollout.remote(tasks, it)
+        batch = wait_for_coordinator(
+            self.coordinator, ref, f"rollout of iteration {it}", cfg.train.stall_timeout_s
+        )
         self.state["cursor"] += batch.tasks_consumed
         metrics = dict(batch.metrics)
         if batch.experiences:

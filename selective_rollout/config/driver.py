@@ -19,6 +19,12 @@ class DriverConfig(Section):
         None, description="explicit run folder; reusing one resumes it (trainer.resume=auto)"
     )
     task_shuffle_seed: int = Field(0, description="order of the train task stream (same seed = same stream)")
+    stall_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="stop with one clear line when a rollout or evaluation makes no progress (no token "
+        "generated, no env step) for this long, instead of waiting forever",
+    )
 
 
 class EvalConfig(Section):

@@ -2,9 +2,13 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from selective_rollout.config.base import Section
+
+# Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
 
 
 class EngineConfig(Section):
@@ -30,3 +34,10 @@ class EngineConfig(Section):
     max_model_len: int | None = Field(None, ge=64)
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
+
+    @field_validator("temperature")
+    @classmethod
+    def _usable_temperature(cls, value: float) -> float:
+        if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {value}")
+        return value

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayActorError, RayTaskError
 
+from alfworld_env.errors import GameError
 from selective_rollout.config import RunConfig
 from selective_rollout.gate import NoGate, build_gate
 from selective_rollout.records import Experience, GroupRecord, GroupWriter, Outcome, Step, TrajectoryStatus
@@ -52,6 +53,10 @@ class Task:
 
 class GroupFailed(RuntimeError):
     """An engine or environment worker died under a group."""
+
+
+class BadGame(GroupFailed):
+    """The task's game cannot be played: never retried, and skipped for the rest of the run."""
 
 
 @dataclass
@@ -99,6 +104,7 @@ class GroupCoordinator:
         self._tokens = 0
         self._env_steps = 0
         self._active: set[asyncio.Task] = set()  # group tasks in flight, cancelled by close()
+        self._bad_games: dict[str, str] = {}  # task id -> why its game cannot be played
 
     # ------------------------------------------------------------------ scheduling
     async def rollout(self, tasks: Sequence[Task], iteration: int = 0) -> RolloutBatch:
@@ -132,8 +138,11 @@ class GroupCoordinator:
                 else:
                     task = tasks[cursor]
                     cursor += 1
+                    if task.task_id in self._bad_games:
+                        records.append(self._skipped_record(task, iteration, self._bad_games[task.task_id]))
+                        continue
                     if not self.strategy.admit(task.task_id):
-                        records.append(self._skipped_record(task, iteration))
+                        records.append(self._skipped_record(task, iteration, "skipped by the strategy"))
                         continue
                 group = self._new_group(task, iteration)
                 runner = self._run_group_lockstep if self.rc.mode == "lockstep" else self._run_group
@@ -151,9 +160,12 @@ class GroupCoordinator:
                 if exc is not None and not isinstance(exc, GroupFailed):
                     await _cancel_all(running)
                     raise exc
+                if isinstance(exc, BadGame):
+                    self._bad_games[task.task_id] = str(exc)
+                    log.warning("%s; the task is skipped from now on", exc)
                 if exc is not None:
                     group.failure = str(exc)
-                    if self.rc.retry_failed and task.task_id not in retried:
+                    if self.rc.retry_failed and task.task_id not in retried and not isinstance(exc, BadGame):
                         retried.add(task.task_id)
                         retries.append(task)
                 zero = group.zero_variance()
@@ -162,7 +174,10 @@ class GroupCoordinator:
                 )
                 outcome = group.outcome(keep)
                 self.strategy.observe(task.task_id, zero)
-                record = group.to_record(iteration, outcome, {"engine": group.engine_index})
+                meta = {"engine": group.engine_index}
+                if group.failure is not None:
+                    meta["failure"] = group.failure
+                record = group.to_record(iteration, outcome, meta)
                 self.audits.observe(record)
                 records.append(record)
                 if self.writer is not None:
@@ -174,22 +189,31 @@ class GroupCoordinator:
         return RolloutBatch(experiences, records, metrics, cursor, [g.group_id for g in kept])
 
     def _new_group(self, task: Task, iteration: int) -> GroupRun:
-        self._group_seq += 1
-        group = GroupRun(
-            f"g{self._group_seq}", task.task_id, task.task_type, self.rc.group_size, self.gate, self.audits
-        )
+        group_id = self._next_group_id(iteration)
+        group = GroupRun(group_id, task.task_id, task.task_type, self.rc.group_size, self.gate, self.audits)
         group.engine_index = self._pick_engine()
         group.sample_key = f"{self.cfg.seed}:{iteration}:{task.task_id}"
         return group
 
-    def _skipped_record(self, task: Task, iteration: int) -> GroupRecord:
-        self._group_seq += 1
+    def _skipped_record(self, task: Task, iteration: int, reason: str) -> GroupRecord:
         record = GroupRecord(
-            f"g{self._group_seq}", task.task_id, task.task_type, [], Outcome.SKIPPED, iteration
+            self._next_group_id(iteration),
+            task.task_id,
+            task.task_type,
+            [],
+            Outcome.SKIPPED,
+            iteration,
+            meta={"skipped": reason},
         )
         if self.writer is not None:
             self.writer.write(record)
         return record
+
+    def _next_group_id(self, iteration: int) -> str:
+        """``it3-g17``: the iteration in the id keeps ids unique across a resume, which restarts
+        the counter but never the iteration (evaluation groups: ``eval-g5``)."""
+        self._group_seq += 1
+        return f"{'eval' if iteration < 0 else f'it{iteration}'}-g{self._group_seq}"
 
     def _pick_engine(self) -> int:
         alive = [i for i in range(len(self.engines)) if i not in self._dead_engines]
@@ -202,6 +226,8 @@ class GroupCoordinator:
     async def _open_group(self, task: Task, group: GroupRun) -> None:
         try:
             states = await self.env.reset_group(task.game_dir, self.rc.group_size)
+        except GameError as exc:
+            raise BadGame(f"task {task.task_id}: bad game {exc}") from None
         except WORKER_DIED as exc:
             raise GroupFailed(f"env worker died while opening {task.task_id}: {exc}") from exc
         for i, st in enumerate(states):
@@ -459,6 +485,11 @@ class CoordinatorActor:
     async def env_metrics(self) -> dict[str, float]:
         return self.pool.metrics()
 
+    async def progress(self) -> tuple[int, int]:
+        """Generated tokens and env steps so far (training and evaluation): the driver's liveness probe."""
+        c, e = self.coordinator, self.evaluator
+        return (c._tokens + e._tokens, c._env_steps + e._env_steps)
+
     async def env_worker_pids(self) -> list[int]:
         return self.pool.worker_pids()
 
@@ -517,3 +548,36 @@ def create_coordinator(
             env_worker_options,
         )
     )
+
+
+PROBE_S = 30.0
+
+
+def wait_for_coordinator(coordinator: Any, ref: Any, what: str, stall_timeout_s: float) -> Any:
+    """``ray.get(ref)`` that cannot wait forever: it polls the coordinator's progress and stops
+    with one clear message when nothing moved (no generated token, no env step) for
+    ``stall_timeout_s``, or when the coordinator stops answering. A dead coordinator already
+    surfaces as the ref's own error."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    last, still = None, 0.0
+    while True:
+        ready, _ = ray.wait([ref], timeout=min(PROBE_S, stall_timeout_s))
+        if ready:
+            return ray.get(ref)
+        try:
+            progress = ray.get(coordinator.progress.remote(), timeout=PROBE_S)
+        except GetTimeoutError:
+            progress = None
+        if progress is not None and progress != last:
+            last, still = progress, 0.0
+            continue
+        still += min(PROBE_S, stall_timeout_s)
+        if still >= stall_timeout_s:
+            state = "does not answer" if progress is None else "made no progress (no token, no env step)"
+            raise RuntimeError(
+                f"{what}: the coordinator {state} for {still:.0f} s; stopping instead of waiting forever "
+                "(its log: the CoordinatorActor lines above, or /tmp/ray/session_latest/logs; the limit "
+                "is train.stall_timeout_s)"
+            )

@@ -1,16 +1,22 @@
 """Checkpoint folders: atomic publication, discovery of the latest complete one, RNG state.
 
-Layout under a checkpoint root: ``step_00000012/`` holds DeepSpeed's model, optimizer and
-scheduler state (tag ``ds``), one ``rng_rank{r}.pt`` per learner and the driver's
-``extra_state.pkl`` (iteration, data cursor, ...). Everything is written into
-``.tmp-step_00000012/`` first and renamed into place last; a rename within one file system is
-atomic, so a run killed mid-save leaves only a staging folder that discovery ignores.
+Layout under a checkpoint root: ``iter_00000012/`` (the state after 12 iterations) holds
+DeepSpeed's model, optimizer and scheduler state (tag ``ds``), one ``rng_rank{r}.pt`` per
+learner and the driver's ``extra_state.json`` (iteration, data cursor, ...). Everything is
+written into ``.tmp-iter_00000012/`` first and renamed into place last; a rename within one file
+system is atomic, so a run killed mid-save leaves only a staging folder that discovery ignores,
+and the older checkpoints are pruned only after the new one is in place.
+
+Nothing here unpickles: the driver's state is JSON and the RNG state holds tensors and plain
+numbers only (``torch.load(weights_only=True)``), so a file planted in a run folder cannot run
+code at resume. Folders are named by iteration, not by learner step: an iteration without an
+update does not advance the step.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import random
 import re
 import shutil
@@ -21,40 +27,65 @@ import numpy as np
 import torch
 
 DS_TAG = "ds"
-EXTRA_STATE = "extra_state.pkl"
-_NAME = re.compile(r"^step_(\d{8})$")
+EXTRA_STATE = "extra_state.json"
+_NAME = re.compile(r"^iter_(\d{8})$")
+_LEGACY = re.compile(r"^step_\d{8}$")  # before 2026-12: named by step, driver state pickled
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:08d}"
+def checkpoint_name(iteration: int) -> str:
+    return f"iter_{iteration:08d}"
 
 
-def staging_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f".tmp-{checkpoint_name(step)}"
+def staging_dir(root: str | Path, iteration: int) -> Path:
+    return Path(root) / f".tmp-{checkpoint_name(iteration)}"
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``root``, or None (also if ``root`` is absent)."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    found = [
+def _complete(root: Path) -> list[tuple[int, Path]]:
+    return sorted(
         (int(m.group(1)), p)
         for p in root.iterdir()
         if (m := _NAME.match(p.name)) and p.is_dir() and (p / EXTRA_STATE).is_file()
-    ]
-    return max(found)[1] if found else None
+    )
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The complete checkpoint of the latest iteration under ``root``, or None (also if ``root``
+    is absent). A root holding only checkpoints of the earlier, pickled format is an error: a run
+    must not silently restart from scratch over work it cannot read."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = _complete(root)
+    if found:
+        return found[-1][1]
+    if legacy := sorted(p.name for p in root.iterdir() if _LEGACY.match(p.name)):
+        raise ValueError(
+            f"{root} holds only checkpoints of an earlier version ({', '.join(legacy)}: pickled driver "
+            "state, which this version does not load because a pickle can run code); resume it with the "
+            "version that wrote it, or start a new run folder"
+        )
+    return None
 
 
 def publish(staging: Path, final: Path, extra_state: dict[str, Any]) -> Path:
-    """Write the driver's state into ``staging`` and rename it to ``final`` (replacing an older one)."""
-    with (staging / EXTRA_STATE).open("wb") as fh:
-        pickle.dump(extra_state, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    """Write the driver's state into ``staging`` and rename it to ``final``.
+
+    A folder already at ``final`` (the same iteration saved twice) is moved aside before the
+    rename and deleted after it, so there is no moment without a complete checkpoint on disk
+    except between those two renames.
+    """
+    with (staging / EXTRA_STATE).open("w") as fh:
+        json.dump(extra_state, fh)
         fh.flush()
         os.fsync(fh.fileno())
+    aside = final.with_name(f".old-{final.name}")
     if final.exists():
-        shutil.rmtree(final)
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(final, aside)
     os.replace(staging, final)
+    if aside.exists():
+        shutil.rmtree(aside)
     return final
 
 
@@ -62,22 +93,33 @@ def read_extra_state(path: Path) -> dict[str, Any]:
     file = path / EXTRA_STATE
     if not file.is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {EXTRA_STATE})")
-    with file.open("rb") as fh:
-        return pickle.load(fh)
+    return json.loads(file.read_text())
 
 
 def prune(root: str | Path, keep: int) -> None:
     """Delete all but the ``keep`` newest complete checkpoints, and stale staging folders."""
     root = Path(root)
-    complete = sorted(p for p in root.iterdir() if _NAME.match(p.name) and (p / EXTRA_STATE).is_file())
-    for old in complete[:-keep]:
+    for _, old in _complete(root)[:-keep]:
         shutil.rmtree(old)
-    for stale in root.glob(".tmp-step_*"):
+    for stale in [*root.glob(".tmp-iter_*"), *root.glob(".old-iter_*")]:
         shutil.rmtree(stale)
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every generator's state as tensors and plain numbers (loadable with ``weights_only=True``)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -85,7 +127,18 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["internal"].tolist()), py["gauss"]))
+    nps = state["numpy"]
+    keys = nps["keys"].numpy().astype(np.uint32)
+    np.random.set_state((nps["kind"], keys, nps["pos"], nps["has_gauss"], nps["cached"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_rng(path: Path) -> None:
+    torch.save(rng_state(), path)
+
+
+def load_rng(path: Path) -> None:
+    set_rng_state(torch.load(path, weights_only=True))

@@ -216,21 +216,19 @@ class LearnerGroup:
         return self._on_all("weights_checksum")
 
     # -- checkpoints -------------------------------------------------------------------------
-    def global_step(self) -> int:
-        return int(ray.get(self.actors[0].global_step.remote()))
-
     def save_checkpoint(self, directory: str | Path, extra_state: dict) -> Path:
-        """Save ``directory/step_XXXXXXXX`` atomically and keep the newest ``keep_checkpoints``.
+        """Save ``directory/iter_XXXXXXXX`` atomically (named by ``extra_state["iteration"]``,
+        JSON-serialisable) and keep the newest ``keep_checkpoints``.
 
         ``directory`` must be visible to every learner (a shared file system across nodes).
         """
-        step = self.global_step()
-        staging = checkpoint.staging_dir(directory, step)
+        iteration = int(extra_state["iteration"])
+        staging = checkpoint.staging_dir(directory, iteration)
         if staging.exists():
             shutil.rmtree(staging)
         self._on_all("save", str(staging))
         final = checkpoint.publish(
-            staging, Path(directory) / checkpoint.checkpoint_name(step), dict(extra_state)
+            staging, Path(directory) / checkpoint.checkpoint_name(iteration), dict(extra_state)
         )
         checkpoint.prune(directory, self.cfg.keep_checkpoints)
         return final

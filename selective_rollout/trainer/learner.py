@@ -253,9 +253,6 @@ class LearnerWorker:
                 broadcast(self.sync_pg, tensor.detach().contiguous(), src=0)
 
     # -- checkpoints -------------------------------------------------------------------------
-    def global_step(self) -> int:
-        return int(self.engine.global_steps)
-
     def save(self, staging: str) -> None:
         """Every rank writes its part of the DeepSpeed state (ZeRO shards) and its RNG state."""
         path = Path(staging)
@@ -266,7 +263,7 @@ class LearnerWorker:
             save_latest=False,
             exclude_frozen_parameters=self.cfg.lora.enabled,
         )
-        torch.save(checkpoint.rng_state(), path / f"rng_rank{self.rank}.pt")
+        checkpoint.save_rng(path / f"rng_rank{self.rank}.pt")
 
     def load(self, path: str) -> None:
         load_path, _ = self.engine.load_checkpoint(
@@ -277,4 +274,4 @@ class LearnerWorker:
         rng_file = Path(path) / f"rng_rank{self.rank}.pt"
         if not rng_file.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no RNG state for learner rank {self.rank}")
-        checkpoint.set_rng_state(torch.load(rng_file, weights_only=False))
+        checkpoint.load_rng(rng_file)

@@ -90,7 +90,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
         assert "n/a" not in saving_row and rollout["step_tokens_saved_basis"] in saving_row
     assert (run_dir / "training_curves.png").stat().st_size > 10_000
     assert (run_dir / "config.yaml").is_file()
-    assert list((run_dir / "checkpoints").glob("step_*"))
+    assert list((run_dir / "checkpoints").glob("iter_*"))
 
     # the log is what the offline gate evaluation reads
     assert gate_evaluate(

@@ -7,8 +7,8 @@ from selective_rollout.records import (
     GateRecord,
     GroupRecord,
     GroupWriter,
+    LogLineError,
     Outcome,
-    RolloutLogError,
     Step,
     Trajectory,
     TrajectoryStatus,
@@ -51,7 +51,23 @@ def test_torn_last_line_is_skipped_but_inner_damage_is_an_error(tmp_path):
     path.write_text(line + "\n" + line[: len(line) // 2])
     assert len(list(read_groups(path))) == 1
     path.write_text(line[: len(line) // 2] + "\n" + line + "\n")
-    with pytest.raises(RolloutLogError, match=r"r.jsonl:1"):
+    with pytest.raises(LogLineError, match=r"r.jsonl:1"):
+        list(read_groups(path))
+
+
+@pytest.mark.parametrize("line", ["null", "[1, 2]", '"text"'])
+def test_a_line_that_is_not_an_object_is_named(tmp_path, line):
+    path = tmp_path / "r.jsonl"
+    path.write_text(_group().to_json() + "\n" + line + "\n" + _group().to_json() + "\n")
+    with pytest.raises(LogLineError, match=r"r.jsonl:2: .*not an object"):
+        list(read_groups(path))
+
+
+def test_a_nan_reward_is_rejected(tmp_path):
+    path = tmp_path / "r.jsonl"
+    line = _group().to_json().replace('"reward":null', '"reward":NaN', 1)
+    path.write_text(line + "\n" + _group().to_json() + "\n")
+    with pytest.raises(LogLineError, match=r"r.jsonl:1: .*reward is nan, not a finite number"):
         list(read_groups(path))
 
 

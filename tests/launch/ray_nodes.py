@@ -45,6 +45,7 @@ def node_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # set by init_ray's loopback-only local cluster
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
 

@@ -125,3 +125,16 @@ def test_launcher_overrides_validate_against_the_schema() -> None:
     cfg = load_config(config, overrides)
     assert cfg.placement.env_worker_resources == {ENV_RESOURCE: 0.01}
     assert cfg.placement.learner_num_gpus == 1  # the GPU recipe trains on GPUs
+
+
+def test_dashboards_listen_on_loopback_where_the_launcher_allows() -> None:
+    """The dashboard's job API runs code: loopback for `ray up` (reached through `ray dashboard`'s
+    SSH tunnel) and SLURM (the batch step runs on the head); KubeRay's submitter pod needs the pod
+    network, and the file says how to fence it."""
+    head = yaml.safe_load((LAUNCH / "ray_cluster.yaml").read_text())["head_start_ray_commands"]
+    assert any("--dashboard-host=127.0.0.1" in c for c in head), head
+    sbatch = (LAUNCH / "slurm_ray.sbatch").read_text()
+    assert 'DASHBOARD_HOST="${SR_DASHBOARD_HOST:-127.0.0.1}"' in sbatch
+    assert '--dashboard-host="$DASHBOARD_HOST"' in sbatch
+    kuberay = (LAUNCH / "kuberay_rayjob.yaml").read_text()
+    assert 'dashboard-host: "0.0.0.0"' in kuberay and "NetworkPolicy" in kuberay

@@ -32,6 +32,15 @@ def test_forwards_run_variables_only_and_env_items_win() -> None:
     }
 
 
+def test_secrets_never_go_into_the_job_metadata(capsys) -> None:
+    env = forwarded_env({"WANDB_API_KEY": "k", "WANDB_MODE": "online", "SR_HF_TOKEN": "t"})
+    assert env == {"WANDB_MODE": "online"}
+    err = capsys.readouterr().err
+    assert "WANDB_API_KEY is set here but not forwarded" in err and "SR_HF_TOKEN" in err
+    with pytest.raises(SubmitError, match="--env WANDB_API_KEY: secrets are not put into the job"):
+        forwarded_env({}, ["WANDB_API_KEY=k"])
+
+
 @pytest.mark.parametrize("item", ["NOVALUE", "=x", "1BAD=x", "BAD NAME=x"])
 def test_bad_env_item_is_named(item: str) -> None:
     with pytest.raises(SubmitError, match=item.split("=")[0] or "="):

@@ -203,3 +203,33 @@ def test_killed_env_worker_loses_no_finished_trajectory(engine, smollm2_path, ta
     assert {g.task_id for g in completed} | {g.task_id for g in logged if g.outcome is Outcome.FAILED} == {
         t.task_id for t in tasks[:4]
     }
+
+
+def test_bad_game_is_reported_by_path_and_skipped_in_training_and_evaluation(
+    engine, smollm2_path, tasks, broken_game, tmp_path
+):
+    """The issue's reproduction: a game whose PDDL does not parse used to hang the run forever."""
+    import ray
+
+    from selective_rollout.evaluate import success_summary
+
+    bad = Task(str(broken_game), "broken-task", tasks[0].task_type)
+    cfg = load_config(None, [*BASE, "rollout.strategy=none", "rollout.groups_per_iteration=1"])
+    coordinator = create_coordinator(cfg, [engine], smollm2_path, tmp_path)
+    try:
+        batch = ray.get(coordinator.rollout.remote([bad, tasks[1]], 0), timeout=600)
+        again = ray.get(coordinator.rollout.remote([bad, tasks[2]], 1), timeout=600)
+        held_out = ray.get(coordinator.evaluate.remote([bad, tasks[3]]), timeout=600)
+    finally:
+        ray.get(coordinator.shutdown.remote())
+        ray.kill(coordinator)
+    failed = [g for g in batch.groups if g.outcome is Outcome.FAILED]
+    assert [g.task_id for g in failed] == ["broken-task"]
+    assert str(broken_game / "game.tw-pddl") in failed[0].meta["failure"]
+    assert [g.outcome for g in batch.groups if g.task_id != "broken-task"] == [Outcome.COMPLETED]
+    assert (again.groups[0].task_id, again.groups[0].outcome) == ("broken-task", Outcome.SKIPPED)
+    logged = list(read_groups(tmp_path / "rollouts.jsonl"))
+    assert "ParseError" in next(g for g in logged if g.task_id == "broken-task").meta["failure"]
+    summary = success_summary(held_out)
+    assert summary["tasks"] == 1 and list(summary["failed"]) == ["broken-task"]
+    assert "ParseError" in summary["failed"]["broken-task"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from alfworld_env.errors import GameError
 from selective_rollout.config import load_config
 from selective_rollout.records import Outcome, read_groups
 from selective_rollout.rollout.coordinator import GroupCoordinator, Task
@@ -87,13 +88,18 @@ class _State:
 class ScriptedEnv:
     """Episodes end when the action is 'win' (won) or 'quit' (lost)."""
 
-    def __init__(self, fail_games: set[str] = frozenset()):
+    def __init__(self, fail_games: set[str] = frozenset(), bad_games: set[str] = frozenset()):
         self.open: set[str] = set()
         self.closed: list[str] = []
         self.fail_games = set(fail_games)
+        self.bad_games = set(bad_games)  # games the engine cannot load, every time
+        self.resets: list[str] = []
         self.n = 0
 
     async def reset_group(self, game_dir, g):
+        self.resets.append(game_dir)
+        if game_dir in self.bad_games:
+            raise GameError(f"{game_dir}/game.tw-pddl: the engine failed to load: ParseError: ...")
         if game_dir in self.fail_games:
             self.fail_games.discard(game_dir)  # fails once, like a worker that dies and restarts
             raise ConnectionError("worker died")
@@ -165,11 +171,11 @@ SCRIPTS = {
 class Coordinated:
     """A coordinator wired to the doubles, with the game picked from the task's game_dir."""
 
-    def __init__(self, overrides, fail_games=frozenset(), run_dir=None):
+    def __init__(self, overrides, fail_games=frozenset(), run_dir=None, bad_games=frozenset()):
         base = ["rollout.group_size=4", "gate.k=3", "gate.tau=0.12", "rollout.audit_budget=0"]
         cfg = load_config(None, [*base, *overrides])
         self.engine = ScriptedEngine(SCRIPTS)
-        self.env = ScriptedEnv(fail_games)
+        self.env = ScriptedEnv(fail_games, bad_games)
         self.agent = ScriptedAgent()
         self.c = GroupCoordinator(cfg, [self.engine], self.env, self.agent, run_dir)
         original = self.c._open_group
@@ -309,6 +315,29 @@ def test_dead_env_worker_fails_only_its_group_and_is_retried():
     assert got.count(("diverge_mixed", Outcome.COMPLETED)) == 1  # the retry succeeded
     assert ("diverge_lose", Outcome.COMPLETED) in got
     assert batch.metrics["rollout/groups_failed"] == 1
+
+
+def test_bad_game_fails_once_with_its_path_and_is_skipped_from_then_on(tmp_path):
+    co = Coordinated(
+        ["rollout.strategy=none", "rollout.groups_per_iteration=2"],
+        run_dir=tmp_path,
+        bad_games={"converge_lose"},
+    )
+    first = co.run(["converge_lose", "diverge_mixed", "diverge_lose"])
+    assert set(outcomes(first)) == {
+        ("converge_lose", Outcome.FAILED),
+        ("diverge_mixed", Outcome.COMPLETED),
+        ("diverge_lose", Outcome.COMPLETED),
+    }
+    assert co.env.resets.count("converge_lose") == 1  # not retried: it would fail the same way
+    second = co.run(["converge_lose", "diverge_mixed"], iteration=1)
+    assert outcomes(second)[0] == ("converge_lose", Outcome.SKIPPED)
+    assert co.env.resets.count("converge_lose") == 1
+    logged = {r.group_id: r for r in read_groups(tmp_path / "rollouts.jsonl")}
+    (failed,) = [logged[r.group_id] for r in first.groups if r.outcome is Outcome.FAILED]
+    skipped = logged[second.groups[0].group_id]
+    assert "bad game converge_lose/game.tw-pddl" in failed.meta["failure"]
+    assert "ParseError" in skipped.meta["skipped"]
 
 
 def test_lockstep_mode_matches_the_paper_loop():

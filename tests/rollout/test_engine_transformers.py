@@ -199,6 +199,12 @@ def test_receive_weights_over_a_gloo_sync_group(hf_engine):
         SamplingParams(max_tokens=0),
         SamplingParams(top_p=0.0),
         SamplingParams(choices=[]),
+        SamplingParams(temperature=float("nan")),
+        SamplingParams(temperature=1e-45),  # logits / T overflows: a NaN softmax in the batch
+        SamplingParams(top_p=float("nan")),
+        SamplingParams(seed=2**64),
+        SamplingParams(seed=-1),
+        SamplingParams(n=True),
     ],
 )
 def test_bad_sampling_params_are_rejected(hf_engine, bad):
@@ -211,6 +217,57 @@ def test_bad_prompts_are_rejected(hf_engine):
         run(hf_engine.generate("e", [], SamplingParams()))
     with pytest.raises(EngineError, match="outside"):
         run(hf_engine.generate("o", [10**7], SamplingParams()))
+
+
+def test_a_prompt_over_the_context_is_refused_before_any_prefill(hf_engine):
+    context = hf_engine.model.config.max_position_embeddings
+    before = run(hf_engine.health())["prefilled_tokens"]
+    with pytest.raises(EngineError, match=rf"exceed the model's context of {context} tokens"):
+        run(hf_engine.generate("long", [1] * context, SamplingParams(max_tokens=4)))
+    assert run(hf_engine.health())["prefilled_tokens"] == before
+
+
+def test_a_request_failing_at_admission_leaves_its_neighbours_alone(hf_engine, monkeypatch):
+    admit = hf_engine._admit
+
+    def admit_or_fail(req):
+        if req.request_id == "poison":
+            raise RuntimeError("a sampler failure of this request only")
+        return admit(req)
+
+    monkeypatch.setattr(hf_engine, "_admit", admit_or_fail)
+
+    async def go():
+        sp = SamplingParams(max_tokens=4, seed=1)
+        return await asyncio.wait_for(
+            asyncio.gather(
+                hf_engine.generate("poison", MSGS, sp),
+                hf_engine.generate("neighbour", MSGS, sp),
+                return_exceptions=True,
+            ),
+            timeout=120,
+        )
+
+    poison, neighbour = run(go())
+    assert isinstance(poison, EngineError) and "poison failed" in str(poison)
+    assert neighbour.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_a_failed_step_answers_every_request_even_those_being_admitted(hf_engine, monkeypatch):
+    from selective_rollout.rollout.engines import transformers_engine
+
+    def broken_add(self, groups):  # fails after the requests left the queue, before the batch
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(transformers_engine._Batch, "add", broken_add)
+
+    async def go():
+        sp = SamplingParams(max_tokens=4, seed=1)
+        calls = (hf_engine.generate(f"adm{i}", MSGS, sp) for i in range(3))
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=120)
+
+    results = run(go())
+    assert all(isinstance(r, EngineError) and "engine step failed" in str(r) for r in results), results
 
 
 def test_health_reports_cache_and_work(hf_engine):

@@ -7,9 +7,12 @@ plain dataclasses so they cross Ray without custom serialisers.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+
+from selective_rollout.config.engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 
 if TYPE_CHECKING:
     import torch
@@ -17,6 +20,7 @@ if TYPE_CHECKING:
     from selective_rollout.sync_group import TensorSpec
 
 FinishReason = Literal["stop", "length", "abort"]
+MAX_SEED = 2**63  # one below what torch.Generator.manual_seed accepts, leaving room for seed + n
 
 
 class EngineError(RuntimeError):
@@ -40,17 +44,33 @@ class SamplingParams:
     choices: list[str] | None = None
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field; engines call this before queueing."""
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        """Raise ``ValueError`` naming the bad field; engines call this before queueing.
+
+        Checked here, once for every back-end, because a value the sampler cannot use (a NaN or
+        denormal temperature, a seed the generator rejects) would otherwise fail inside a
+        batched step, next to other requests.
+        """
+        if not _whole(self.n) or self.n < 1:
+            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        if not _whole(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or not (
+            self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE
+        ):
+            raise ValueError(
+                "SamplingParams.temperature must be 0 (greedy) or in "
+                f"[{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {self.temperature!r}"
+            )
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _whole(self.seed) or not 0 <= self.seed < MAX_SEED):
+            raise ValueError(f"SamplingParams.seed must be an integer in [0, 2**63), got {self.seed!r}")
         if self.choices is not None and (not self.choices or any(not c for c in self.choices)):
             raise ValueError("SamplingParams.choices must be a non-empty list of non-empty strings")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass

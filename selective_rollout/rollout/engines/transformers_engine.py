@@ -201,6 +201,12 @@ class TransformersEngine(RolloutEngine):
         if request_id in self._requests:
             raise EngineError(f"request id {request_id!r} is already in flight")
         ids = self._prompt_ids(request_id, prompt)
+        context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        if context and len(ids) + sampling.max_tokens > context:
+            raise EngineError(
+                f"request {request_id}: {len(ids)} prompt tokens + max_tokens {sampling.max_tokens} exceed "
+                f"the model's context of {context} tokens"
+            )
         self._ensure_loop()
         req = _Request(
             request_id,
@@ -217,6 +223,10 @@ class TransformersEngine(RolloutEngine):
             return await req.future
         finally:
             self._requests.pop(request_id, None)
+
+    def prompt_length(self, prompt: list[int] | list[dict]) -> int:
+        """Tokens ``prompt`` takes once templated (what a server budgets a request by)."""
+        return len(self._prompt_ids("prompt_length", prompt))
 
     async def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -301,16 +311,18 @@ class TransformersEngine(RolloutEngine):
                         req.future.set_result(result)
 
     def _fail_all(self, exc: Exception) -> list[tuple[_Request, Any]]:
-        reqs = {s.req for s in self._batch.rows} | set(self._pending)
+        """Every request not yet answered gets the error: the batch's, the queue's and the ones
+        the failed step was admitting (in neither place at that moment)."""
+        reqs = {s.req for s in self._batch.rows} | set(self._pending) | set(self._requests.values())
         self._batch = _Batch()
         self._pending.clear()
         err = EngineError(f"engine step failed: {exc!r}")
         return [(r, err) for r in reqs]
 
     @torch.inference_mode()
-    def _step(self) -> list[tuple[_Request, Completion]]:
+    def _step(self) -> list[tuple[_Request, Completion | Exception]]:
         """One scheduling round, in the worker thread: admit waiting requests, decode one token."""
-        done: list[tuple[_Request, Completion]] = []
+        done: list[tuple[_Request, Completion | Exception]] = []
         for seq in self._batch.rows:
             if seq.req.aborted and seq.finish_reason is None:
                 seq.finish_reason = "abort"
@@ -319,7 +331,12 @@ class TransformersEngine(RolloutEngine):
         rows = len(self._batch.rows)
         while self._pending and rows < self.cfg.max_batch_size:
             req = self._pending.popleft()
-            group = self._admit(req)
+            try:
+                group = self._admit(req)
+            except Exception as exc:  # this request's own failure: its batch neighbours go on
+                log.exception("request %s failed at admission", req.request_id)
+                done.append((req, EngineError(f"request {req.request_id} failed: {exc!r}")))
+                continue
             if group is None:
                 done.append((req, req.completion(self.tokenizer)))
             else:

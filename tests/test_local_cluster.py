@@ -1,0 +1,92 @@
+"""The local Ray cluster the product starts (``runtime.init_ray``) and the driver's waits on it."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+import psutil
+import pytest
+
+from selective_rollout.rollout.coordinator import wait_for_coordinator
+
+pytestmark = pytest.mark.ray
+
+
+def _listeners() -> list[tuple[str, str, int]]:
+    """(process name, address, port) of every listening socket of this process and its descendants
+    (the GCS, raylet, dashboard pieces, agents and every worker: the whole local cluster)."""
+    me = psutil.Process()
+    found = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            name, conns = proc.name(), proc.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found += [(name, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+def test_no_port_of_the_local_cluster_is_reachable_from_another_machine(ray_cluster):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def ready(self) -> bool:
+            return True
+
+    probe = Probe.remote()  # an actor worker of our own, so worker ports are among the listeners
+    assert ray.get(probe.ready.remote())
+    listeners = _listeners()
+    names = {name for name, _, _ in listeners}
+    assert {"gcs_server", "raylet"} <= names, names  # the check sees the cluster at all
+    exposed = [lst for lst in listeners if not ipaddress.ip_address(lst[1]).is_loopback]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    ray.kill(probe)
+
+
+def test_a_stalled_coordinator_stops_the_wait_with_one_clear_message(ray_cluster):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Stalled:
+        """A coordinator whose rollout never returns and whose counters never move."""
+
+        async def rollout(self) -> None:
+            import asyncio
+
+            await asyncio.Event().wait()
+
+        async def progress(self) -> tuple[int, int]:
+            return (7, 3)
+
+    actor = Stalled.remote()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rollout of iteration 0: the coordinator made no progress"):
+        wait_for_coordinator(actor, actor.rollout.remote(), "rollout of iteration 0", stall_timeout_s=2)
+    assert time.monotonic() - start < 60
+    ray.kill(actor)
+
+
+def test_the_wait_returns_the_result_of_a_live_coordinator(ray_cluster):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Working:
+        def __init__(self) -> None:
+            self.steps = 0
+
+        async def rollout(self) -> str:
+            import asyncio
+
+            for _ in range(6):  # longer than the stall limit, but moving all the time
+                await asyncio.sleep(0.5)
+                self.steps += 1
+            return "batch"
+
+        async def progress(self) -> tuple[int, int]:
+            return (self.steps, self.steps)
+
+    actor = Working.remote()
+    assert wait_for_coordinator(actor, actor.rollout.remote(), "rollout", stall_timeout_s=1.0) == "batch"
+    ray.kill(actor)
