@@ -4,7 +4,7 @@ Usable on its own: nothing here imports ``selective_rollout``.
 """
 
 from alfworld_env.errors import GameError
-from alfworld_env.games import GameInfo, ensure_games, load_games
+from alfworld_env.games import GameInfo, ensure_games, load_games, load_generated
 from alfworld_env.pool import EnvPool, EpisodeState
 from alfworld_env.scenario import PRESETS, TASK_TYPES
 
@@ -17,4 +17,5 @@ __all__ = [
     "GameInfo",
     "ensure_games",
     "load_games",
+    "load_generated",
 ]

@@ -57,6 +57,20 @@ def load_games(root: str | Path, split: str, source: str = "generated") -> list[
     return games
 
 
+def load_generated(root: str | Path, split: str, preset: str, seed: int, n: int) -> list[GameInfo]:
+    """Exactly the generated set ``(preset, seed)``, games ``0 .. n-1`` of ``split``: a folder may
+    hold more (a larger ``n`` generated earlier, another preset or seed), which are not used."""
+    wanted = {f"trial_{preset}_s{seed}_{i:05d}" for i in range(n)}
+    games = [g for g in load_games(root, split) if Path(g.game_dir).name in wanted]
+    if len(games) < n:
+        raise FileNotFoundError(
+            f"{Path(root) / split} holds {len(games)} of the {n} {preset} games (seed {seed}) the config "
+            f"asks for: generate them (env.generate=true, or python -m alfworld_env.generate --out {root} "
+            f"--split {split} --n {n} --preset {preset} --seed {seed})"
+        )
+    return games
+
+
 def ensure_games(
     root: str | Path, preset: str = "tiny", n_train: int = 60, n_valid: int = 12, seed: int = 0
 ) -> Path:

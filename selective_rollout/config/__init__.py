@@ -44,6 +44,19 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            raise ConfigError(
+                f"{path}: the file is empty; a config maps sections to settings (configs/*.yaml)"
+            )
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{path}: the top level is a YAML {type(loaded).__name__}, not a mapping of sections "
+                "(engine:, rollout:, gate:, ...)"
+            )
+        try:
             base = OmegaConf.load(path)
         except (yaml.YAMLError, OmegaConfBaseException) as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc

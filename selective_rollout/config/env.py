@@ -14,7 +14,14 @@ class EnvConfig(Section):
         "generated",
         description="generated: our offline ALFWorld-domain games; official: $ALFWORLD_DATA/json_2.1.1",
     )
-    games_dir: str = Field("data/games/tiny", description="games root (generated into it when missing)")
+    games_dir: str = Field(
+        "data/games/tiny",
+        description="games root; generated games are made there when missing only for data/games/<preset> "
+        "or with env.generate",
+    )
+    generate: bool = Field(
+        False, description="generate missing games into a games_dir other than data/games/<preset>"
+    )
     preset: Literal["tiny", "small", "full"] = Field("tiny", description="difficulty of generated games")
     games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
     n_train: int = Field(60, ge=1, description="generated train games")

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from selective_rollout.config.base import Section
 
@@ -54,3 +54,10 @@ class TrainerConfig(Section):
     save_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = "auto"
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
+        return value

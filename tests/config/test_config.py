@@ -20,6 +20,8 @@ def test_overrides_apply_over_yaml(tmp_path):
         (["gate.k=abc"], r"gate\.k: .*integer"),
         (["rollout.group_size=1"], r"rollout\.group_size"),
         (["nonsense"], "section.key=value"),
+        (["trainer.adam_betas=[2.0,0.999]"], r"trainer\.adam_betas: .*each beta must be in \[0, 1\)"),
+        (["engine.temperature=1e-45"], r"engine\.temperature: .*0 \(greedy\) or in \[0\.01, 100\.0\]"),
     ],
 )
 def test_bad_values_name_the_key(overrides, match):
@@ -35,6 +37,18 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("gate: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("", "the file is empty"), ("# only a comment\n", "the file is empty"), ("- a\n- b\n", "YAML list")],
+)
+def test_a_yaml_that_is_not_a_mapping_is_refused(tmp_path, text, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
 
 
 def test_dump_round_trips(tmp_path):

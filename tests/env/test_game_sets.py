@@ -1,0 +1,38 @@
+"""Which generated games a run uses: exactly the configured set, generated only where allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from selective_rollout.config import load_config
+from selective_rollout.runtime import held_out_tasks, train_tasks
+
+
+def test_a_folder_with_more_games_gives_exactly_the_configured_set(tiny_games):
+    cfg = load_config(
+        None, [f"env.games_dir={tiny_games}", "env.n_train=4", "env.n_valid=2", "eval.num_tasks=2"]
+    )
+    tasks = train_tasks(cfg)
+    assert len(tasks) == 4  # the folder holds 6
+    assert all(t.game_dir.endswith(tuple(f"_{i:05d}" for i in range(4))) for t in tasks)
+    assert len(held_out_tasks(cfg)) == 2
+
+
+def test_a_mistyped_games_dir_is_not_silently_filled_with_new_games(tmp_path):
+    typo = tmp_path / "data" / "gmaes"
+    cfg = load_config(None, [f"env.games_dir={typo}", "env.n_train=2", "env.n_valid=1"])
+    with pytest.raises(FileNotFoundError, match=r"no generated games at .*gmaes/train"):
+        train_tasks(cfg)
+    assert not typo.exists()
+
+
+def test_too_few_games_for_the_config_name_the_fix(tiny_games):
+    cfg = load_config(None, [f"env.games_dir={tiny_games}", "env.n_train=9"])
+    with pytest.raises(FileNotFoundError, match=r"holds 6 of the 9 tiny games .*env\.generate=true"):
+        train_tasks(cfg)
+
+
+def test_env_generate_makes_the_set_in_any_folder(tmp_path):
+    out = tmp_path / "mine"
+    cfg = load_config(None, [f"env.games_dir={out}", "env.generate=true", "env.n_train=2", "env.n_valid=1"])
+    assert len(train_tasks(cfg)) == 2 and (out / "valid_unseen").is_dir()
