@@ -11,7 +11,12 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
+
+if TYPE_CHECKING:
+    from selective_rollout.config import RunConfig
 
 Location = dict[str, Any]
 
@@ -55,3 +60,31 @@ def placement_lines(nodes: dict[str, dict[str, int]]) -> list[str]:
     ]
     header = ["## Placement", "", "| actors | count | nodes | node (ip/id) x actors |", "|---|---|---|---|"]
     return [*header, *rows, ""]
+
+
+def resource_demand(cfg: RunConfig) -> dict[str, float]:
+    """Ray resources the run's actors ask for together (engines, learners, env workers, coordinator)."""
+    place, engines, learners = cfg.placement, cfg.engine.num_engines, cfg.trainer.num_learners
+    workers = cfg.env.num_workers
+    demand: Counter[str] = Counter()
+    demand["CPU"] += engines * cfg.engine.num_cpus + learners * place.learner_num_cpus
+    demand["CPU"] += workers * place.env_worker_num_cpus + COORDINATOR_NUM_CPUS
+    demand["GPU"] += engines * cfg.engine.num_gpus + learners * place.learner_num_gpus
+    for count, resources in (
+        (engines, place.engine_resources),
+        (learners, place.learner_resources),
+        (workers, place.env_worker_resources),
+        (1, place.coordinator_resources),
+    ):
+        for name, amount in resources.items():
+            demand[name] += count * amount
+    return {k: v for k, v in demand.items() if v > 0}
+
+
+def resource_shortfall(demand: dict[str, float], available: dict[str, float]) -> list[str]:
+    """One phrase per resource the cluster lacks, e.g. ``GPU: the run asks for 2, the cluster has 0``."""
+    return [
+        f"{name}: the run asks for {need:g}, the cluster has {available.get(name, 0.0):g}"
+        for name, need in sorted(demand.items())
+        if need > available.get(name, 0.0) + 1e-9
+    ]

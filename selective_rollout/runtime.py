@@ -3,9 +3,12 @@ joining or starting Ray, and turning the configured games into task streams."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,17 +27,31 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        with _caller_sigterm_handler_kept():
+            ray.init(address=address, log_to_driver=True)
         log.info("joined Ray cluster at %s", address)
         return
     _keep_local_cluster_on_loopback()
-    ray.init(
-        address="local",  # a fresh cluster, never one another process started with `ray start`
-        num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 1)),
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=True,
-    )
+    with _caller_sigterm_handler_kept():
+        ray.init(
+            address="local",  # a fresh cluster, never one another process started with `ray start`
+            num_cpus=num_cpus or max(8, 4 * (os.cpu_count() or 1)),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+        )
+
+
+@contextlib.contextmanager
+def _caller_sigterm_handler_kept() -> Iterator[None]:
+    """``ray.init`` replaces the process's SIGTERM handler with ``sys.exit``; a driver that
+    installed its own (the training CLI ends a run cleanly on SIGTERM) gets it back."""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(before) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, before)
 
 
 def _keep_local_cluster_on_loopback() -> None:

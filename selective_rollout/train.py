@@ -89,7 +89,7 @@ class Trainer:
         from selective_rollout.metrics_log import MetricLogger
         from selective_rollout.models import resolve_model
         from selective_rollout.rollout.coordinator import create_coordinator
-        from selective_rollout.rollout.engines import create_engines
+        from selective_rollout.rollout.engines import check_backend_installed, create_engines
         from selective_rollout.runtime import held_out_tasks, init_ray, train_tasks
         from selective_rollout.sft import warm_start_model
         from selective_rollout.trainer import LearnerGroup
@@ -104,7 +104,11 @@ class Trainer:
         self.train_tasks = train_tasks(cfg)
         self.eval_tasks = held_out_tasks(cfg)
         model_path = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+        joined = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+        if not joined:  # a cluster's engine nodes run their own image; the driver's may differ
+            check_backend_installed(cfg.engine.backend)
         init_ray(ray_address)
+        self.check_resources(joined)
         if cfg.warm_start.enabled:
             model_path = warm_start_model(cfg, model_path)
         self.model_path = model_path
@@ -125,6 +129,22 @@ class Trainer:
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
         self.record_placement()
         self.check_run_dir_is_shared()
+
+    def check_resources(self, joined: bool) -> None:
+        """Fail in seconds, with the numbers, when the cluster can never place the run's actors
+        (Ray would wait for them forever). On a joined cluster an autoscaler may still add nodes,
+        so there it is a warning."""
+        import ray
+
+        from selective_rollout.placement import resource_demand, resource_shortfall
+
+        short = resource_shortfall(resource_demand(self.cfg), ray.cluster_resources())
+        if not short:
+            return
+        message = "the cluster cannot place this run's actors: " + "; ".join(short)
+        if not joined:
+            raise ValueError(message + " (the placement, engine, trainer and env sections ask for them)")
+        log.warning("%s; waiting in case an autoscaler adds nodes", message)
 
     def record_placement(self) -> None:
         """Write placement.json and log how many nodes each kind of actor landed on."""

@@ -90,3 +90,43 @@ def test_the_wait_returns_the_result_of_a_live_coordinator(ray_cluster):
     actor = Working.remote()
     assert wait_for_coordinator(actor, actor.rollout.remote(), "rollout", stall_timeout_s=1.0) == "batch"
     ray.kill(actor)
+
+
+SIGTERM_SCRIPT = """
+import os, signal, threading, time
+import ray
+from selective_rollout.runtime import init_ray
+
+class Stop(Exception):
+    pass
+
+def stop(signum, frame):
+    raise Stop()
+
+signal.signal(signal.SIGTERM, stop)
+init_ray(None, num_cpus=1)
+
+@ray.remote(num_cpus=0)
+def sleep():
+    time.sleep(60)
+
+threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+start = time.monotonic()
+try:
+    ray.get(sleep.remote())
+    print("the wait was never interrupted")
+except Stop:
+    print(f"clean path after {time.monotonic() - start:.0f} s")
+ray.shutdown()
+"""
+
+
+def test_sigterm_while_the_driver_waits_on_ray_takes_the_drivers_own_path():
+    """ray.init installs sys.exit as the SIGTERM handler; the driver's must survive it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", SIGTERM_SCRIPT], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert "clean path after" in out.stdout, out.stdout + out.stderr[-2000:]

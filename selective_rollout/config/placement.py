@@ -8,6 +8,8 @@ from pydantic import Field
 
 from selective_rollout.config.base import Section
 
+COORDINATOR_NUM_CPUS = 0.5  # light: it mostly waits on engines and env workers
+
 
 class PlacementConfig(Section):
     """Ray resources of each actor kind; empty dicts mean "anywhere"."""

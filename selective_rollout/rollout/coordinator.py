@@ -27,6 +27,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from alfworld_env.errors import GameError
 from selective_rollout.config import RunConfig
+from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.gate import NoGate, build_gate
 from selective_rollout.records import Experience, GroupRecord, GroupWriter, Outcome, Step, TrajectoryStatus
 from selective_rollout.rollout.audit import AuditBudget
@@ -536,7 +537,7 @@ def create_coordinator(
     """Start the coordinator actor (it is light: one CPU share, mostly waiting on others)."""
     import ray
 
-    options = {"num_cpus": 0.5, **(actor_options or {})}
+    options = {"num_cpus": COORDINATOR_NUM_CPUS, **(actor_options or {})}
     return (
         ray.remote(CoordinatorActor)
         .options(**options)

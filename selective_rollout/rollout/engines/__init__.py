@@ -7,6 +7,8 @@ back-end is used, so the package imports on machines without vLLM.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,21 @@ BACKENDS: dict[str, str] = {
     "transformers": "selective_rollout.rollout.engines.transformers_engine:TransformersEngine",
     "vllm": "selective_rollout.rollout.engines.vllm_engine:VLLMEngine",
 }
+# The library each back-end needs at run time (imported inside the engine, not by its module).
+REQUIRES: dict[str, str] = {"transformers": "transformers", "vllm": "vllm"}
+
+
+def check_backend_installed(backend: str) -> None:
+    """One clear error, in seconds, when the back-end's library is missing here (instead of a
+    long traceback from every engine actor once Ray has started them)."""
+    engine_class(backend)
+    library = REQUIRES.get(backend)
+    if library is not None and importlib.util.find_spec(library) is None:
+        raise ValueError(
+            f"engine.backend={backend}, but {library} is not installed in this environment "
+            f"({sys.executable}); install it (GPU: pip install '.[gpu]'; CPU: make test-vllm's "
+            "venv) or use engine.backend=transformers"
+        )
 
 
 def engine_class(backend: str) -> type[RolloutEngine]:
@@ -58,6 +75,7 @@ __all__ = [
     "EngineError",
     "RolloutEngine",
     "SamplingParams",
+    "check_backend_installed",
     "create_engines",
     "engine_class",
 ]
