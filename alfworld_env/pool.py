@@ -25,6 +25,7 @@ from alfworld_env.engine import Episode
 from alfworld_env.errors import GameError
 
 _TASK_MARK = "Your task is to: "
+LOST = "its env worker died; episode lost"
 
 
 @dataclass
@@ -147,9 +148,15 @@ class EnvPool:
     def worker_pids(self) -> list[int]:
         return [int(loc["pid"]) for loc in self.worker_locations()]
 
-    def _replace(self, index: int, reason: str) -> None:
-        """The worker died: mark its episodes failed and put a fresh worker in its slot."""
+    def _replace(self, index: int, dead: object, reason: str) -> None:
+        """Worker ``dead`` died: mark its episodes failed and put a fresh worker in its slot.
+
+        Several calls to one dead worker fail; only the first replaces it (a later failure of
+        a call made to the old worker must not kill the fresh one).
+        """
         slot = self._slots[index]
+        if slot.actor is not dead:
+            return
         for eid in slot.episodes:
             self._failed[eid] = f"env worker {index} died ({reason}); episode lost"
             self._where.pop(eid, None)
@@ -167,11 +174,11 @@ class EnvPool:
         for _attempt in range(len(self._slots) + 1):
             index = min(range(len(self._slots)), key=lambda i: len(self._slots[i].episodes))
             slot = self._slots[index]
-            start = time.perf_counter()
+            actor, start = slot.actor, time.perf_counter()
             try:
-                results = await slot.actor.reset_group.remote(game_dir, ids)
+                results = await actor.reset_group.remote(game_dir, ids)
             except RayActorError as exc:
-                self._replace(index, type(exc).__name__)
+                self._replace(index, actor, type(exc).__name__)
                 continue
             if isinstance(results, str):
                 raise GameError(results)
@@ -193,18 +200,19 @@ class EnvPool:
         by_worker: dict[int, dict[str, str]] = {}
         for eid, command in actions.items():
             if eid in self._failed:
-                out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid))
+                out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid, LOST))
             elif eid not in self._where:
                 raise KeyError(f"unknown or closed episode {eid!r}")
             else:
                 by_worker.setdefault(self._where[eid], {})[eid] = command
-        calls = {i: self._slots[i].actor.step.remote(acts) for i, acts in by_worker.items()}
+        actors = {i: self._slots[i].actor for i in by_worker}
+        calls = {i: actors[i].step.remote(acts) for i, acts in by_worker.items()}
         results = await asyncio.gather(*calls.values(), return_exceptions=True)
         for index, result in zip(calls, results, strict=True):
             if isinstance(result, RayActorError):
-                self._replace(index, type(result).__name__)
+                self._replace(index, actors[index], type(result).__name__)
                 for eid in by_worker[index]:
-                    out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid))
+                    out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid, LOST))
                 continue
             if isinstance(result, BaseException):
                 raise result
@@ -223,11 +231,12 @@ class EnvPool:
             if index is not None:
                 self._slots[index].episodes.discard(eid)
                 by_worker.setdefault(index, []).append(eid)
-        calls = {i: self._slots[i].actor.close.remote(ids) for i, ids in by_worker.items()}
+        actors = {i: self._slots[i].actor for i in by_worker}
+        calls = {i: actors[i].close.remote(ids) for i, ids in by_worker.items()}
         results = await asyncio.gather(*calls.values(), return_exceptions=True)
         for index, result in zip(calls, results, strict=True):
             if isinstance(result, RayActorError):
-                self._replace(index, type(result).__name__)
+                self._replace(index, actors[index], type(result).__name__)
 
     def metrics(self) -> dict[str, float]:
         stats = []

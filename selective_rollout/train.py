@@ -11,6 +11,7 @@ metrics.jsonl, rollouts.jsonl, checkpoints, plots, report.md/json). Re-running w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import os
@@ -129,6 +130,27 @@ class Trainer:
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
         self.record_placement()
         self.check_run_dir_is_shared()
+        self.engine_restarts = 0
+
+    def replace_dead_engines(self) -> None:
+        """Start a fresh engine for each one that died, load the current weights into it (the
+        sync group is rebuilt by the next ``sync_weights``), and hand it to the coordinator,
+        which retries the dead engine's groups once on live engines or waits for this."""
+        import ray
+
+        from selective_rollout.rollout.engines import create_engines
+
+        for index in ray.get(self.coordinator.dead_engines.remote(), timeout=60):
+            with contextlib.suppress(Exception):  # it is dead already; make sure it stays so
+                ray.kill(self.engines[index], no_restart=True)
+            (engine,) = create_engines(
+                self.cfg.engine, self.model_path, 1, self.cfg.placement.engine_options()
+            )
+            self.learner.sync_weights([engine])
+            self.engines[index] = engine
+            ray.get(self.coordinator.replace_engine.remote(index, engine), timeout=60)
+            self.engine_restarts += 1
+            log.warning("engine %d died; replaced by a fresh engine with the current weights", index)
 
     def check_resources(self, joined: bool) -> None:
         """Fail in seconds, with the numbers, when the cluster can never place the run's actors
@@ -204,7 +226,9 @@ class Trainer:
 
         ref = self.coordinator.evaluate.remote(self.eval_tasks)
         stall_s = self.cfg.train.stall_timeout_s
-        groups = wait_for_coordinator(self.coordinator, ref, f"evaluation ({label})", stall_s)
+        groups = wait_for_coordinator(
+            self.coordinator, ref, f"evaluation ({label})", stall_s, self.replace_dead_engines
+        )
         summary = success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed)
         self.state["eval"][label] = summary
         log.info("held-out (%s): %s", label, format_summary(summary))
@@ -224,8 +248,13 @@ class Trainer:
         tasks = list(itertools.islice(stream, window))
         ref = self.coordinator.rollout.remote(tasks, it)
         batch = wait_for_coordinator(
-            self.coordinator, ref, f"rollout of iteration {it}", cfg.train.stall_timeout_s
+            self.coordinator,
+            ref,
+            f"rollout of iteration {it}",
+            cfg.train.stall_timeout_s,
+            self.replace_dead_engines,
         )
+        self.replace_dead_engines()  # one that died at the end of the rollout misses no weight sync
         self.state["cursor"] += batch.tasks_consumed
         metrics = dict(batch.metrics)
         if batch.experiences:
@@ -236,6 +265,7 @@ class Trainer:
         if cfg.train.eval_every and (it + 1) % cfg.train.eval_every == 0 and it + 1 < cfg.train.iterations:
             metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
         metrics.update(ray.get(self.coordinator.env_metrics.remote()))
+        metrics["system/engine_restarts"] = float(self.engine_restarts)
         metrics["system/iteration_s"] = time.perf_counter() - start
         self.state["wall_s"] += metrics["system/iteration_s"]
         self.state["iteration"] = it + 1

@@ -41,3 +41,6 @@ class RolloutConfig(Section):
     preskip_window: int = Field(1, ge=1)
     preskip_explore: float = Field(0.1, ge=0.0, le=1.0)
     retry_failed: bool = Field(True, description="retry a group once when its engine or env worker died")
+    engine_replace_timeout_s: float = Field(
+        600.0, gt=0, description="with every engine dead, how long to wait for the driver's replacement"
+    )

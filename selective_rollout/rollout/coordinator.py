@@ -18,7 +18,7 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +102,7 @@ class GroupCoordinator:
         self._group_seq = 0
         self._engine_rr = 0
         self._dead_engines: set[int] = set()
+        self._engine_back: asyncio.Event | None = None  # set when a replacement engine arrives
         self._tokens = 0
         self._env_steps = 0
         self._active: set[asyncio.Task] = set()  # group tasks in flight, cancelled by close()
@@ -132,8 +133,11 @@ class GroupCoordinator:
                 return False
             return len(kept) + len(running) < target
 
+        def work_left() -> bool:
+            return want_more() and bool(retries or cursor < len(tasks))
+
         while True:
-            while want_more() and (retries or cursor < len(tasks)) and len(running) < in_flight_cap:
+            while work_left() and len(running) < in_flight_cap and self._live_engines():
                 if retries:
                     task = retries.pop(0)
                 else:
@@ -153,6 +157,9 @@ class GroupCoordinator:
                 running[fut] = (task, group)
                 started += 1
             if not running:
+                if work_left() and not self._live_engines():
+                    await self._wait_for_a_replacement_engine()
+                    continue
                 break
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
@@ -216,12 +223,41 @@ class GroupCoordinator:
         self._group_seq += 1
         return f"{'eval' if iteration < 0 else f'it{iteration}'}-g{self._group_seq}"
 
+    def _live_engines(self) -> list[int]:
+        return [i for i in range(len(self.engines)) if i not in self._dead_engines]
+
     def _pick_engine(self) -> int:
-        alive = [i for i in range(len(self.engines)) if i not in self._dead_engines]
+        alive = self._live_engines()
         if not alive:
             raise RuntimeError("every rollout engine has died; the rollout cannot continue")
         self._engine_rr += 1
         return alive[self._engine_rr % len(alive)]
+
+    def dead_engines(self) -> list[int]:
+        """Slots whose engine died (the driver replaces them, see ``replace_engine``)."""
+        return sorted(self._dead_engines)
+
+    def replace_engine(self, index: int, engine: Any) -> None:
+        """A fresh engine, already holding the current weights, takes over slot ``index``."""
+        self.engines[index] = engine
+        self._dead_engines.discard(index)
+        if self._engine_back is not None:
+            self._engine_back.set()
+
+    async def _wait_for_a_replacement_engine(self) -> None:
+        """Every engine is dead and groups are still to run: wait for the driver's replacement."""
+        timeout = self.rc.engine_replace_timeout_s
+        self._engine_back = asyncio.Event()
+        log.warning("every rollout engine has died; waiting up to %.0f s for a replacement", timeout)
+        try:
+            await asyncio.wait_for(self._engine_back.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise RuntimeError(
+                f"every rollout engine has died and none was replaced within {timeout:.0f} s "
+                "(rollout.engine_replace_timeout_s)"
+            ) from None
+        finally:
+            self._engine_back = None
 
     # ------------------------------------------------------------------ one group
     async def _open_group(self, task: Task, group: GroupRun) -> None:
@@ -296,9 +332,11 @@ class GroupCoordinator:
             completion = await engine.generate.remote(
                 traj.request_id, prompt, sampling, traj.session_id if session else None
             )
-        except WORKER_DIED as exc:
+        except (RayActorError, ConnectionError) as exc:  # the actor is gone: replaced by the driver
             self._dead_engines.add(group.engine_index)
             raise GroupFailed(f"engine {group.engine_index} died during {traj.request_id}: {exc}") from exc
+        except RayTaskError as exc:  # the request failed; the engine lives on
+            raise GroupFailed(f"engine {group.engine_index} failed {traj.request_id}: {exc}") from exc
         finally:
             traj.request_id = None
         out = completion.outputs[0]
@@ -486,6 +524,13 @@ class CoordinatorActor:
     async def env_metrics(self) -> dict[str, float]:
         return self.pool.metrics()
 
+    async def dead_engines(self) -> list[int]:
+        return sorted(set(self.coordinator.dead_engines()) | set(self.evaluator.dead_engines()))
+
+    async def replace_engine(self, index: int, engine: Any) -> None:
+        self.coordinator.replace_engine(index, engine)
+        self.evaluator.replace_engine(index, engine)
+
     async def progress(self) -> tuple[int, int]:
         """Generated tokens and env steps so far (training and evaluation): the driver's liveness probe."""
         c, e = self.coordinator, self.evaluator
@@ -554,11 +599,18 @@ def create_coordinator(
 PROBE_S = 30.0
 
 
-def wait_for_coordinator(coordinator: Any, ref: Any, what: str, stall_timeout_s: float) -> Any:
+def wait_for_coordinator(
+    coordinator: Any,
+    ref: Any,
+    what: str,
+    stall_timeout_s: float,
+    on_probe: Callable[[], None] | None = None,
+) -> Any:
     """``ray.get(ref)`` that cannot wait forever: it polls the coordinator's progress and stops
     with one clear message when nothing moved (no generated token, no env step) for
     ``stall_timeout_s``, or when the coordinator stops answering. A dead coordinator already
-    surfaces as the ref's own error."""
+    surfaces as the ref's own error. ``on_probe`` runs at every poll (the driver replaces dead
+    engines there)."""
     import ray
     from ray.exceptions import GetTimeoutError
 
@@ -567,6 +619,8 @@ def wait_for_coordinator(coordinator: Any, ref: Any, what: str, stall_timeout_s:
         ready, _ = ray.wait([ref], timeout=min(PROBE_S, stall_timeout_s))
         if ready:
             return ray.get(ref)
+        if on_probe is not None:
+            on_probe()
         try:
             progress = ray.get(coordinator.progress.remote(), timeout=PROBE_S)
         except GetTimeoutError:

@@ -63,3 +63,33 @@ def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games)
         assert m["env/restarts"] == 1.0 and m["env/steps"] > 0 and m["env/episodes_open"] == 0.0
     finally:
         pool.shutdown()
+
+
+def test_two_workers_killed_at_once_are_replaced_once_each(ray_cluster, tiny_games):
+    games = load_games(tiny_games, "train")
+    pool = EnvPool(num_workers=2)
+
+    async def scenario() -> None:
+        a = await pool.reset_group(games[0].game_dir, 4)
+        b = await pool.reset_group(games[1].game_dir, 4)
+        assert pool._where[a[0].episode_id] != pool._where[b[0].episode_id]
+        for pid in pool.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)
+        # several calls in flight to each dead worker: each failure arrives after the first replaced it
+        halves = [a[:2], a[2:], b[:2], b[2:]]
+        outs = await asyncio.gather(*(pool.step({s.episode_id: "look" for s in h}) for h in halves))
+        assert all(st.failed and st.done for out in outs for st in out.values())
+        await pool.close([s.episode_id for s in a + b])
+        c = await pool.reset_group(games[2].game_dir, 2)  # both fresh workers play
+        d = await pool.reset_group(games[3].game_dir, 2)
+        assert pool._where[c[0].episode_id] != pool._where[d[0].episode_id]
+        out = await pool.step({s.episode_id: "look" for s in c + d})
+        assert all(st.failed is None for st in out.values())
+        await pool.close([s.episode_id for s in c + d])
+
+    try:
+        asyncio.run(scenario())
+        assert pool.metrics()["env/restarts"] == 2.0
+    finally:
+        pool.shutdown()

@@ -43,7 +43,7 @@ class ScriptedEngine:
         self.release = _Remote(self._release)
 
     async def _generate(self, request_id, prompt, sampling: SamplingParams, session_id=None):
-        # request ids look like g3-t1-s4: group, trajectory, step
+        # request ids look like it0-g3-t1-s4: iteration and group, trajectory, step
         _, t, s = request_id.rsplit("-", 2)
         game = prompt[0]
         self.seeds[(game, t, s)] = sampling.seed
@@ -369,3 +369,60 @@ def test_sampling_seeds_follow_the_task_not_the_schedule():
     other_iteration = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=2"])
     other_iteration.run(games, iteration=1)
     assert set(other_iteration.engine.seeds.values()).isdisjoint(alone.engine.seeds.values())
+
+
+class DyingEngine(ScriptedEngine):
+    """Dies (Ray's ActorDiedError) on its first request, or fails it (RayTaskError) and lives."""
+
+    def __init__(self, error):
+        super().__init__(SCRIPTS)
+        self.error, self.calls = error, 0
+        self.generate = _Remote(self._maybe_fail)
+
+    async def _maybe_fail(self, request_id, prompt, sampling, session_id=None):
+        self.calls += 1
+        if self.calls == 1:
+            raise self.error
+        return await self._generate(request_id, prompt, sampling, session_id)
+
+
+def test_an_engine_error_fails_the_group_but_keeps_the_engine():
+    from ray.exceptions import RayTaskError
+
+    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
+    co.c.engines = [DyingEngine(RayTaskError("generate", "tb", ValueError("bad request")))]
+    batch = co.run(["diverge_mixed"])
+    assert [g.outcome for g in batch.groups] == [Outcome.FAILED, Outcome.COMPLETED]  # retried, same engine
+    assert co.c.dead_engines() == []
+
+
+def test_with_its_only_engine_dead_the_rollout_waits_for_the_replacement():
+    from ray.exceptions import ActorDiedError
+
+    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
+    co.c.engines = [DyingEngine(ActorDiedError())]
+    tasks = [Task("diverge_mixed", "task-0-diverge_mixed", "x")]
+
+    async def scenario():
+        rollout = asyncio.create_task(co.c.rollout(tasks, 0))
+        while not co.c.dead_engines():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the rollout is now waiting, not failing
+        assert not rollout.done()
+        co.c.replace_engine(0, ScriptedEngine(SCRIPTS))  # what the driver does
+        return await asyncio.wait_for(rollout, 30)
+
+    batch = asyncio.run(scenario())
+    assert [g.outcome for g in batch.groups] == [Outcome.FAILED, Outcome.COMPLETED]
+    assert "engine 0 died" in batch.groups[0].meta["failure"] and co.c.dead_engines() == []
+
+
+def test_no_replacement_within_the_timeout_is_one_clear_error():
+    from ray.exceptions import ActorDiedError
+
+    co = Coordinated(["rollout.strategy=none", "rollout.engine_replace_timeout_s=0.3"])
+    co.c.engines = [DyingEngine(ActorDiedError())]
+    with pytest.raises(
+        RuntimeError, match=r"none was replaced within 0 s \(rollout\.engine_replace_timeout_s\)"
+    ):
+        co.run(["diverge_mixed"])
