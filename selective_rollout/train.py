@@ -83,6 +83,20 @@ def rewind_logs(run_dir: Path, ckpt_dir: Path, resume: str) -> None:
             log.warning("%s: %d line(s) after the checkpoint moved to %s.rewound", name, moved, name)
 
 
+def _answers(engine: Any, timeout_s: float = 60.0) -> bool:
+    """Whether an engine actor is alive (its health call returns; a dead actor raises at once)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        ray.get(engine.health.remote(), timeout=timeout_s)
+    except RayActorError:
+        return False
+    except GetTimeoutError:
+        return True  # busy, not dead
+    return True
+
+
 class Trainer:
     """Owns the actors of one run and the loop over iterations."""
 
@@ -132,15 +146,21 @@ class Trainer:
         self.check_run_dir_is_shared()
         self.engine_restarts = 0
 
-    def replace_dead_engines(self) -> None:
+    def replace_dead_engines(self, probe: bool = False) -> None:
         """Start a fresh engine for each one that died, load the current weights into it (the
         sync group is rebuilt by the next ``sync_weights``), and hand it to the coordinator,
-        which retries the dead engine's groups once on live engines or waits for this."""
+        which retries the dead engine's groups once on live engines or waits for this.
+
+        The coordinator notices a death when a request fails; ``probe`` also pings every engine,
+        so one that died while idle (before a weight sync) is found too."""
         import ray
 
         from selective_rollout.rollout.engines import create_engines
 
-        for index in ray.get(self.coordinator.dead_engines.remote(), timeout=60):
+        dead = set(ray.get(self.coordinator.dead_engines.remote(), timeout=60))
+        if probe:
+            dead |= {i for i, engine in enumerate(self.engines) if not _answers(engine)}
+        for index in sorted(dead):
             with contextlib.suppress(Exception):  # it is dead already; make sure it stays so
                 ray.kill(self.engines[index], no_restart=True)
             (engine,) = create_engines(
@@ -254,7 +274,7 @@ class Trainer:
             cfg.train.stall_timeout_s,
             self.replace_dead_engines,
         )
-        self.replace_dead_engines()  # one that died at the end of the rollout misses no weight sync
+        self.replace_dead_engines(probe=True)  # before the weight sync: a dead member would stall it
         self.state["cursor"] += batch.tasks_consumed
         metrics = dict(batch.metrics)
         if batch.experiences:
