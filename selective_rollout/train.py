@@ -28,8 +28,17 @@ from selective_rollout.config import ConfigError, RunConfig, dump_config, load_c
 log = logging.getLogger("selective_rollout.train")
 
 
-class RunInterrupted(RuntimeError):
-    """Ctrl-C or SIGTERM: stop after cleaning up; the run folder stays resumable."""
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM: stop after cleaning up; the run folder stays resumable.
+
+    A ``KeyboardInterrupt`` because Ray's blocking calls turn only that, raised by a signal
+    handler, into a clean interruption (they re-raise it as a bare ``KeyboardInterrupt``, so the
+    signal's name is also kept in ``_SIGNALS``); any other exception leaves ``ray.get`` with a
+    ``SystemError``.
+    """
+
+
+_SIGNALS: list[str] = []  # the signals that interrupted this process, for the closing message
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -40,7 +49,8 @@ def make_run_dir(cfg: RunConfig) -> Path:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
+    _SIGNALS.append(signal.Signals(signum).name)
+    raise RunInterrupted(f"received signal {_SIGNALS[-1]}")
 
 
 def unshared_run_dir_error(run_dir: Path, seen: dict[str, bool]) -> str | None:
@@ -371,9 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, run_dir, args.ray_address)
         report = trainer.run()
-    except (KeyboardInterrupt, RunInterrupted) as exc:
+    except KeyboardInterrupt as exc:  # RunInterrupted included
+        why = str(exc) or (f"received signal {_SIGNALS[-1]}" if _SIGNALS else "Ctrl-C")
         print(
-            f"interrupted ({exc or 'Ctrl-C'}); {run_dir} is consistent: re-run with "
+            f"interrupted ({why}); {run_dir} is consistent: re-run with "
             f"train.run_dir={run_dir} to resume from its last checkpoint",
             file=sys.stderr,
         )

@@ -27,6 +27,11 @@ def _listeners() -> list[tuple[str, str, int]]:
     return found
 
 
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback  # ::ffff:127.0.0.1 is loopback too
+
+
 def test_no_port_of_the_local_cluster_is_reachable_from_another_machine(ray_cluster):
     import ray
 
@@ -40,7 +45,7 @@ def test_no_port_of_the_local_cluster_is_reachable_from_another_machine(ray_clus
     listeners = _listeners()
     names = {name for name, _, _ in listeners}
     assert {"gcs_server", "raylet"} <= names, names  # the check sees the cluster at all
-    exposed = [lst for lst in listeners if not ipaddress.ip_address(lst[1]).is_loopback]
+    exposed = [lst for lst in listeners if not _loopback(lst[1])]
     assert not exposed, f"listening beyond loopback: {exposed}"
     ray.kill(probe)
 
@@ -96,14 +101,9 @@ SIGTERM_SCRIPT = """
 import os, signal, threading, time
 import ray
 from selective_rollout.runtime import init_ray
+from selective_rollout.train import _raise_interrupt
 
-class Stop(Exception):
-    pass
-
-def stop(signum, frame):
-    raise Stop()
-
-signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGTERM, _raise_interrupt)  # what the training CLI installs
 init_ray(None, num_cpus=1)
 
 @ray.remote(num_cpus=0)
@@ -115,7 +115,7 @@ start = time.monotonic()
 try:
     ray.get(sleep.remote())
     print("the wait was never interrupted")
-except Stop:
+except KeyboardInterrupt:  # the CLI's handler: RunInterrupted, re-raised by Ray as KeyboardInterrupt
     print(f"clean path after {time.monotonic() - start:.0f} s")
 ray.shutdown()
 """

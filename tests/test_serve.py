@@ -87,7 +87,7 @@ def test_poison_pills_get_one_400_each_and_their_neighbour_is_served(base_url) -
 
 
 def test_a_request_larger_than_the_admission_budget_gets_413(base_url) -> None:
-    body = {"messages": [{"role": "user", "content": "word " * 4000}], "n": 16, "max_tokens": 2048}
+    body = {"messages": [{"role": "user", "content": "word " * 7000}], "n": 16, "max_tokens": 2048}
     with httpx.Client(base_url=base_url + "/", timeout=60) as c:
         r = c.post("chat/completions", json=body)
     assert r.status_code == 413 and "--max-admitted-tokens" in r.json()["error"]["message"]
