@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from alfworld_env.generate import SPLITS, generate
+from alfworld_env.generate import SPLITS, generate, preset_of
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def load_games(root: str | Path, split: str, source: str = "generated") -> list[
 def load_generated(root: str | Path, split: str, preset: str, seed: int, n: int) -> list[GameInfo]:
     """Exactly the generated set ``(preset, seed)``, games ``0 .. n-1`` of ``split``: a folder may
     hold more (a larger ``n`` generated earlier, another preset or seed), which are not used."""
-    wanted = {f"trial_{preset}_s{seed}_{i:05d}" for i in range(n)}
+    wanted = {f"trial_{preset_of(preset, i)}_s{seed}_{i:05d}" for i in range(n)}
     games = [g for g in load_games(root, split) if Path(g.game_dir).name in wanted]
     if len(games) < n:
         raise FileNotFoundError(

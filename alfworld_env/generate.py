@@ -21,12 +21,24 @@ SPLITS = ("train", "valid_seen", "valid_unseen")
 MAX_ATTEMPTS = 20
 
 
+def preset_of(preset: str, index: int) -> str:
+    """The preset of game ``index`` in a set named ``preset``: one preset (``tiny``), or a mix
+    (``tiny+small``) dealt in blocks of six games, one of each task type, so that every task type
+    comes in every preset of the mix."""
+    parts = preset.split("+")
+    unknown = [p for p in parts if p not in PRESETS]
+    if unknown or not parts:
+        raise ValueError(
+            f"unknown preset {preset!r}; expected one of {sorted(PRESETS)} or a mix like tiny+small"
+        )
+    return parts[(index // len(TASK_TYPES)) % len(parts)]
+
+
 def generate_game(out: Path, split: str, index: int, seed: int, preset: str) -> Path:
     """Write game ``index`` of ``split`` under ``out/split`` (skipped when already there)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+    preset = preset_of(preset, index)
     task_type = TASK_TYPES[index % len(TASK_TYPES)]
     existing = sorted((out / split).glob(f"*/trial_{preset}_s{seed}_{index:05d}/game.tw-pddl"))
     if existing:
@@ -66,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, required=True, help="number of games in the split")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", choices=SPLITS, default="train")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)}, or a mix like tiny+small")
     args = ap.parse_args(argv)
     folders = generate(args.out, args.split, args.n, args.seed, args.preset)
     print(f"{len(folders)} games in {Path(args.out) / args.split}")

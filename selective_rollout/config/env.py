@@ -22,7 +22,9 @@ class EnvConfig(Section):
     generate: bool = Field(
         False, description="generate missing games into a games_dir other than data/games/<preset>"
     )
-    preset: Literal["tiny", "small", "full"] = Field("tiny", description="difficulty of generated games")
+    preset: Literal["tiny", "small", "full", "tiny+small"] = Field(
+        "tiny", description="difficulty of generated games; tiny+small deals both in blocks of six games"
+    )
     games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
     n_train: int = Field(60, ge=1, description="generated train games")
     n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")

@@ -36,3 +36,24 @@ def test_env_generate_makes_the_set_in_any_folder(tmp_path):
     out = tmp_path / "mine"
     cfg = load_config(None, [f"env.games_dir={out}", "env.generate=true", "env.n_train=2", "env.n_valid=1"])
     assert len(train_tasks(cfg)) == 2 and (out / "valid_unseen").is_dir()
+
+
+def test_a_mixed_set_deals_every_task_type_in_both_presets(tmp_path):
+    from collections import Counter
+    from pathlib import Path
+
+    out = tmp_path / "mix"
+    cfg = load_config(
+        None,
+        [
+            f"env.games_dir={out}",
+            "env.generate=true",
+            "env.preset=tiny+small",
+            "env.n_train=12",
+            "env.n_valid=1",
+        ],
+    )
+    tasks = train_tasks(cfg)
+    presets = Counter((t.task_type, Path(t.game_dir).name.split("_")[1]) for t in tasks)
+    assert len(tasks) == 12 and set(presets.values()) == {1}  # 6 task types x {tiny, small}
+    assert {preset for _, preset in presets} == {"tiny", "small"}
