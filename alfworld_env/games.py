@@ -58,10 +58,12 @@ def load_games(root: str | Path, split: str, source: str = "generated") -> list[
 
 
 def load_generated(root: str | Path, split: str, preset: str, seed: int, n: int) -> list[GameInfo]:
-    """Exactly the generated set ``(preset, seed)``, games ``0 .. n-1`` of ``split``: a folder may
-    hold more (a larger ``n`` generated earlier, another preset or seed), which are not used."""
-    wanted = {f"trial_{preset_of(preset, i)}_s{seed}_{i:05d}" for i in range(n)}
+    """Exactly the generated set ``(preset, seed)``, games ``0 .. n-1`` of ``split``, in that order
+    (task types round-robin, so any prefix is balanced): a folder may hold more (a larger ``n``
+    generated earlier, another preset or seed), which are not used."""
+    wanted = {f"trial_{preset_of(preset, i)}_s{seed}_{i:05d}": i for i in range(n)}
     games = [g for g in load_games(root, split) if Path(g.game_dir).name in wanted]
+    games.sort(key=lambda g: wanted[Path(g.game_dir).name])
     if len(games) < n:
         raise FileNotFoundError(
             f"{Path(root) / split} holds {len(games)} of the {n} {preset} games (seed {seed}) the config "

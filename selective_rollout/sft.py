@@ -27,11 +27,15 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.records import Experience
+
+if TYPE_CHECKING:
+    from alfworld_env import GameInfo
 
 log = logging.getLogger(__name__)
 
@@ -150,19 +154,33 @@ def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
         t.lora.model_dump_json(),
         t.micro_batch_tokens,
         cfg.rollout.max_steps,
+        "games in generation order",  # the selection rule (earlier: folder name order)
     ]
     return hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:16]
+
+
+def warm_start_games(cfg: RunConfig, games_root: str | Path) -> list[GameInfo]:
+    """The first ``warm_start.games`` train games. Generated games are taken in generation order,
+    which deals the six task types round-robin; the folders' name order would clone the
+    alphabetically first types only (the first 24 of 40 held no heat and no two-object task)."""
+    from alfworld_env import load_games, load_generated
+
+    env = cfg.env
+    if env.source == "generated":
+        games = load_generated(games_root, "train", env.preset, env.games_seed, env.n_train)
+    else:
+        games = load_games(games_root, "train", source="official")
+    return games[: cfg.warm_start.games]
 
 
 def build_warm_start(
     cfg: RunConfig, model_path: Path, games_root: str | Path, out_dir: Path
 ) -> dict[str, float]:
-    """Clone the first ``warm_start.games`` train games into ``out_dir`` (written atomically)."""
-    from alfworld_env import load_games
+    """Clone the walkthroughs of ``warm_start_games`` into ``out_dir`` (written atomically)."""
     from selective_rollout.rollout.agent import Agent
 
     agent = Agent.from_model(cfg.agent, model_path)
-    games = load_games(games_root, "train", source=cfg.env.source)[: cfg.warm_start.games]
+    games = warm_start_games(cfg, games_root)
     data = [e for g in games for e in expert_dialogue(g.game_dir, agent, cfg.rollout.max_steps)]
     staging = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -57,3 +57,15 @@ def test_a_mixed_set_deals_every_task_type_in_both_presets(tmp_path):
     presets = Counter((t.task_type, Path(t.game_dir).name.split("_")[1]) for t in tasks)
     assert len(tasks) == 12 and set(presets.values()) == {1}  # 6 task types x {tiny, small}
     assert {preset for _, preset in presets} == {"tiny", "small"}
+
+
+def test_the_warm_start_clones_every_task_type(tiny_games):
+    """Taking the first N games in folder-name order cloned the alphabetically first types only."""
+    from alfworld_env import TASK_TYPES
+    from selective_rollout.sft import warm_start_games
+
+    cfg = load_config(
+        None, [f"env.games_dir={tiny_games}", "env.n_train=6", "env.n_valid=2", "warm_start.games=6"]
+    )
+    assert [g.task_type for g in warm_start_games(cfg, tiny_games)] == list(TASK_TYPES)
+    assert [t.task_type for t in train_tasks(cfg)] == list(TASK_TYPES)  # generation order
