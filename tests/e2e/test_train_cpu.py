@@ -29,7 +29,9 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             "env.n_valid=2",
             "env.num_workers=1",
             "rollout.group_size=3",
-            "rollout.groups_per_iteration=2",
+            # 3 trainable groups, refilled up to 6 started: every one of the 6 tasks is tried in the
+            # first iteration, and 2 of them give mixed groups with this warm start (bench/regime.py)
+            "rollout.groups_per_iteration=3",
             "rollout.max_groups_in_flight=2",
             "rollout.max_steps=6",
             # the profile's 0.7 on a policy cloned from few walkthroughs leaves 3-rollout groups all
