@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import statistics
 import tempfile
 from collections import defaultdict
@@ -46,6 +47,17 @@ def print_regime(groups: list[GroupRecord], k: int) -> None:
         by_type[g.task_type] += [t.won for t in g.trajectories if t.reward is not None]
     rates = ", ".join(f"{k} {sum(v) / len(v):.0%}" for k, v in sorted(by_type.items()) if v)
     print(f"success by task type: {rates}")
+    by_preset: dict[str, list[GroupRecord]] = defaultdict(list)
+    for g in groups:
+        match = re.search(r"trial_([a-z]+)_s\d+_", g.task_id)
+        by_preset[match.group(1) if match else "other"].append(g)
+    if len(by_preset) > 1:  # a mixed game set: does one preset hold the zero-variance groups?
+        for preset, part in sorted(by_preset.items()):
+            r = regime_summary(part, k)
+            print(
+                f"  {preset}: {r['groups']} groups, all-fail {r['all_fail_frac']:.1%}, all-succeed "
+                f"{r['all_succeed_frac']:.1%}, median {r['median_trajectory_steps']:.0f} steps"
+            )
 
 
 def run(args: argparse.Namespace) -> None:

@@ -93,18 +93,22 @@ def rewind_logs(run_dir: Path, ckpt_dir: Path, resume: str) -> None:
             log.warning("%s: %d line(s) after the checkpoint moved to %s.rewound", name, moved, name)
 
 
-def _answers(engine: Any, timeout_s: float = 60.0) -> bool:
-    """Whether an engine actor is alive (its health call returns; a dead actor raises at once)."""
+def _dead(engines: list[Any], timeout_s: float = 60.0) -> set[int]:
+    """Indices of engine actors that are gone: every health call at once; a dead actor's fails
+    at once, a busy one's may take its time (it is not dead)."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+    from ray.exceptions import RayActorError
 
-    try:
-        ray.get(engine.health.remote(), timeout=timeout_s)
-    except RayActorError:
-        return False
-    except GetTimeoutError:
-        return True  # busy, not dead
-    return True
+    refs = [engine.health.remote() for engine in engines]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    dead = set()
+    for index, ref in enumerate(refs):
+        if ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.add(index)
+    return dead
 
 
 class Trainer:
@@ -169,7 +173,7 @@ class Trainer:
 
         dead = set(ray.get(self.coordinator.dead_engines.remote(), timeout=60))
         if probe:
-            dead |= {i for i, engine in enumerate(self.engines) if not _answers(engine)}
+            dead |= _dead(self.engines)
         for index in sorted(dead):
             with contextlib.suppress(Exception):  # it is dead already; make sure it stays so
                 ray.kill(self.engines[index], no_restart=True)
