@@ -52,9 +52,11 @@ class Preset:
 
 
 # tiny is sized by measurement (bench/env_throughput.py) so that a uniform-random policy wins
-# 20-50% of 15-step episodes; small keeps walking and opening; full keeps ALFWorld's whole rooms.
+# 20-50% of 15-step episodes; medium and small keep walking and opening (medium with fewer places
+# to search); full keeps ALFWorld's whole rooms.
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(extra_receptacles=0, distractors=0, copies=2, compact=True),
+    "medium": Preset(extra_receptacles=1, distractors=2),
     "small": Preset(extra_receptacles=4, distractors=3),
     "full": Preset(extra_receptacles=None, distractors=10),
 }

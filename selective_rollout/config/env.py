@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from selective_rollout.config.base import Section
 
@@ -22,10 +22,20 @@ class EnvConfig(Section):
     generate: bool = Field(
         False, description="generate missing games into a games_dir other than data/games/<preset>"
     )
-    preset: Literal["tiny", "small", "full", "tiny+small"] = Field(
-        "tiny", description="difficulty of generated games; tiny+small deals both in blocks of six games"
+    preset: str = Field(
+        "tiny",
+        description="difficulty of generated games: one of alfworld_env.PRESETS (tiny, medium, small, "
+        "full), or a mix such as tiny+small, dealt in blocks of six games",
     )
     games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
     n_train: int = Field(60, ge=1, description="generated train games")
     n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
     num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        from alfworld_env.generate import preset_of  # the generator owns the presets
+
+        preset_of(value, 0)  # raises ValueError naming the known presets
+        return value

@@ -22,12 +22,21 @@ def test_overrides_apply_over_yaml(tmp_path):
         (["nonsense"], "section.key=value"),
         (["trainer.adam_betas=[2.0,0.999]"], r"trainer\.adam_betas: .*each beta must be in \[0, 1\)"),
         (["engine.temperature=1e-45"], r"engine\.temperature: .*0 \(greedy\) or in \[0\.01, 100\.0\]"),
+        (["env.preset=huge"], r"env\.preset: .*unknown preset 'huge'; expected one of \['full', 'medium'"),
+        (["env.preset=tiny+"], r"env\.preset: .*unknown preset 'tiny\+'"),
     ],
 )
 def test_bad_values_name_the_key(overrides, match):
     with pytest.raises(ConfigError, match=match) as info:
         load_config(None, overrides)
     assert "\n" not in str(info.value)
+
+
+def test_every_preset_of_the_generator_and_their_mixes_are_accepted():
+    from alfworld_env import PRESETS
+
+    for preset in [*PRESETS, "tiny+small", "medium+small"]:
+        assert load_config(None, [f"env.preset={preset}"]).env.preset == preset
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -198,6 +198,9 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
     assert (out / "sweep" / "gate_eval.csv").is_file()
     for r in rows:
         assert int(r["groups_kept"]) + int(r["groups_cut"]) >= 1 and float(r["rollout_wall_s"]) > 0
+    # a finished arm keeps its logs and report, not its checkpoints (keep_checkpoints: false)
+    assert (out / "gated-s0" / "rollouts.jsonl").is_file()
+    assert not (out / "gated-s0" / "checkpoints").exists()
     # the first cut is of a task the ungated arm also ran; a refilled task may not be
     cut, matched = int(rows[1]["groups_cut"]), int(rows[1]["cuts_matched"])
     assert rows[0]["cuts_matched"] == "" and matched <= cut and (matched >= 1 or cut == 0)
