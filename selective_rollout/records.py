@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -23,6 +23,16 @@ SCHEMA_VERSION = 1
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+REWARD_TOL = 1e-9  # rewards closer than this are one reward (float sums of per-step rewards)
+
+
+def rewards_equal(rewards: Sequence[float]) -> bool:
+    """True when a group's final rewards are all equal: a zero-variance group, whose GRPO
+    advantages are all 0. The one definition that the report, the coordinator, the oracle gate
+    and the offline evaluation share, so that they never disagree on which groups carry no signal.
+    An empty group has no rewards to agree: False."""
+    return bool(rewards) and max(rewards) - min(rewards) <= REWARD_TOL
 
 
 class Outcome(str, Enum):
@@ -124,8 +134,7 @@ class GroupRecord:
         """True when all final rewards are equal (no GRPO signal); None when unknown."""
         if not self.has_final_rewards:
             return None
-        rewards = [float(r) for r in self.rewards]  # type: ignore[arg-type]
-        return max(rewards) - min(rewards) <= 1e-9
+        return rewards_equal([float(r) for r in self.rewards])  # type: ignore[arg-type]
 
     @property
     def step_tokens(self) -> int:

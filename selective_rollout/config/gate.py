@@ -1,31 +1,78 @@
-"""Config of the gate (selective_rollout.gate)."""
+"""Config of the gate (selective_rollout.gate).
 
-from typing import Literal
+The section holds what every gate shares (``name``, ``k``, ``mode``) and, as flat keys, the
+parameters of the selected gate (``gate.tau=0.1``). Those are declared by the gate itself (its
+``Params`` model in the gate registry), so a new gate needs no change here: this module only
+checks the keys against the registry and validates them with the gate's own model.
+"""
 
-from pydantic import Field
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from selective_rollout.config.base import Section
+from selective_rollout.gate.policies import GATES, Gate, GateParams, Mode, build_gate
 
 
 class GateConfig(Section):
-    """The gate that stops converged groups (used by the selective strategies; docs/gate.md)."""
+    """The gate that stops converged groups (used by the selective strategies; docs/gate.md).
 
-    name: Literal["none", "prefix_edit", "two_axis"] = Field(
+    Besides ``name``, ``k`` and ``mode``, the selected gate's own parameters are keys of this
+    section; any other key is refused with one line naming it.
+    """
+
+    # the selected gate's own parameters are extra keys, checked by _own_params below
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(
         "prefix_edit",
-        description="prefix_edit: the paper's D_K < tau; two_axis: D_K < d_low or terminated >= t_high",
+        description="a registered gate: prefix_edit (the paper's D_K < tau), two_axis (D_K < d_low or "
+        "terminated >= t_high), none, or your own (docs/gate.md); its own keys are listed below",
     )
-    k: int = Field(10, ge=1, description="step at which the gate looks (K)")
-    tau: float = Field(0.12, ge=0.0, le=1.0, description="prefix_edit: stop when D_K < tau")
-    d_low: float = Field(0.12, ge=0.0, le=1.0, description="two_axis: stop when D_K < d_low")
-    t_high: float = Field(0.9, ge=0.0, le=1.0, description="two_axis: or when terminated fraction >= t_high")
-    mode: Literal["at_k", "from_k"] = Field(
-        "at_k", description="at_k: decide once at step K (the paper); from_k: at every step >= K"
-    )
+    # the shared parameters, declared once by the gate library
+    k: int = GateParams.model_fields["k"]
+    mode: Mode = GateParams.model_fields["mode"]
 
-    def params(self) -> dict[str, object]:
-        """Constructor arguments of the selected gate."""
-        if self.name == "none":
-            return {}
-        if self.name == "prefix_edit":
-            return {"k": self.k, "tau": self.tau, "mode": self.mode}
-        return {"k": self.k, "d_low": self.d_low, "t_high": self.t_high, "mode": self.mode}
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        gate = GATES.get(name)
+        online = sorted(n for n, g in GATES.items() if not g.offline_only)
+        if gate is None:
+            raise ValueError(f"unknown gate {name!r}; known: {', '.join(online)}")
+        if gate.offline_only:
+            raise ValueError(f"gate {name!r} needs final rewards (offline only); use one of {online}")
+        return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_params(cls, data: Any) -> Any:
+        """Refuse a key no gate owns or the selected gate does not own, validate the rest with the
+        selected gate's ``Params`` and fill in its defaults, so the section always holds every
+        parameter the gate runs with (a dumped config says exactly what ran)."""
+        if not isinstance(data, dict):
+            return data
+        extra = {key: v for key, v in data.items() if key not in cls.model_fields}
+        gate = GATES.get(data.get("name", cls.model_fields["name"].default))
+        owners = {key: sorted(n for n, g in GATES.items() if key in g.own_params()) for key in extra}
+        errors: list[InitErrorDetails] = []
+        for key, value in extra.items():
+            if not owners[key]:
+                errors.append({"type": "extra_forbidden", "loc": (key,), "input": value})
+            elif gate is not None and key not in gate.own_params():
+                message = f"gate {gate.name!r} has no such parameter ({', '.join(owners[key])} has)"
+                error = PydanticCustomError("foreign_gate_key", message)
+                errors.append({"type": error, "loc": (key,), "input": value})
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        if gate is None:  # an unknown name: the name's validator says so
+            return data
+        own = gate.Params.model_validate(extra).model_dump(include=set(gate.own_params()))
+        return {**data, **own}
+
+    def build(self) -> Gate:
+        """The selected gate with the shared parameters and its own (what the coordinator runs)."""
+        return build_gate(self.name, k=self.k, mode=self.mode, **(self.model_extra or {}))

@@ -13,7 +13,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from selective_rollout.config.gate import GateConfig
 from selective_rollout.config.schema import RunConfig
+from selective_rollout.gate.policies import GATES
 
 INTRO = """# Configuration reference
 
@@ -28,6 +30,8 @@ Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),
 `alfworld_qwen2.5_7b_grpo.yaml` (the paper's setup on one 8-GPU node),
 `alfworld_qwen2.5_7b_multinode.yaml` (the same across nodes).
 """
+TABLE_HEAD = "| key | type | default | constraint | meaning |"
+TABLE_RULE = "|---|---|---|---|---|"
 
 
 def _type_name(info: FieldInfo) -> str:
@@ -51,6 +55,30 @@ def _constraints(info: FieldInfo) -> str:
     return ", ".join(parts)
 
 
+def _row(key: str, info: FieldInfo) -> str:
+    desc = (info.description or "").replace("|", "\\|")
+    cells = [f"`{key}`", f"`{_type_name(info)}`", f"`{_default(info)}`", _constraints(info), desc]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _gate_rows(prefix: str) -> list[str]:
+    """Each registered gate's own parameters, read from its ``Params`` model (they are flat keys
+    of the gate section, accepted only with that gate selected)."""
+    out = []
+    for name, gate in sorted(GATES.items()):
+        if gate.offline_only:
+            continue
+        doc = (gate.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        out += [f"### `{prefix}name: {name}`", "", doc, ""]
+        own = gate.own_params()
+        if not own:
+            out += ["No parameters of its own.", ""]
+            continue
+        out += [TABLE_HEAD, TABLE_RULE]
+        out += [_row(f"{prefix}{key}", info) for key, info in own.items()] + [""]
+    return out
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows, sections = [], []
     for name, info in model.model_fields.items():
@@ -58,28 +86,15 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             sections.append((f"{prefix}{name}", annotation))
             continue
-        desc = (info.description or "").replace("|", "\\|")
-        cells = [
-            f"`{prefix}{name}`",
-            f"`{_type_name(info)}`",
-            f"`{_default(info)}`",
-            _constraints(info),
-            desc,
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
+        rows.append(_row(f"{prefix}{name}", info))
     out = []
     if rows:
         title = prefix.rstrip(".") or "top level"
         doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        out += [
-            f"## `{title}`",
-            "",
-            doc,
-            "",
-            "| key | type | default | constraint | meaning |",
-            "|---|---|---|---|---|",
-        ]
+        out += [f"## `{title}`", "", doc, "", TABLE_HEAD, TABLE_RULE]
         out += rows + [""]
+    if model is GateConfig:
+        out += _gate_rows(prefix)
     for section_prefix, section in sections:
         out += _rows(section, section_prefix + ".")
     return out

@@ -10,6 +10,7 @@ from selective_rollout.gate.policies import (
     GATES,
     Gate,
     GateDecision,
+    GateParams,
     GroupState,
     NoGate,
     OracleGate,
@@ -17,6 +18,7 @@ from selective_rollout.gate.policies import (
     TwoAxisGate,
     build_gate,
     features_at,
+    gate_class,
     register_gate,
 )
 from selective_rollout.gate.tracker import DivergenceTracker
@@ -27,6 +29,7 @@ __all__ = [
     "DivergenceTracker",
     "Gate",
     "GateDecision",
+    "GateParams",
     "GroupState",
     "NoGate",
     "OracleGate",
@@ -35,6 +38,7 @@ __all__ = [
     "build_gate",
     "divergence_features",
     "features_at",
+    "gate_class",
     "levenshtein_c",
     "levenshtein_py",
     "prefix_edit_distance",

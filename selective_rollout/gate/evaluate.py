@@ -1,6 +1,6 @@
 """Offline evaluation of gates on logged rollouts (``rollouts.jsonl``).
 
-For every gate and (K, tau) it answers the questions a user asks before turning the gate on:
+For every gate and (K, threshold) it answers the questions a user asks before turning the gate on:
 how many groups would it cut (TP/FP/FN), how precise is it, how well does D_K rank groups
 (AUROC, Spearman against non-zero variance), how many rollout step-tokens would it save, what
 fraction of the oracle's savings is that, and how much of the GRPO advantage signal survives.
@@ -8,8 +8,13 @@ fraction of the oracle's savings is that, and how much of the GRPO advantage sig
 Only groups whose final rewards are known are evaluated (completed, filtered or audited ones);
 a group cut without audit has no label.
 
+Any registered gate can be evaluated: ``--tau`` sweeps the parameter the gate names as its
+``threshold`` (prefix_edit: tau, two_axis: d_low; the ``tau`` column holds its value), its other
+parameters keep their defaults unless ``--param name=value`` (or ``--t-high``) sets them, and a
+gate without a threshold is evaluated once per K.
+
 Usage: python -m selective_rollout.gate.evaluate --rollouts FILE --out DIR [--k 5,10,15]
-       [--tau 0.02:0.30:0.02] [--gates prefix_edit,two_axis] [--t-high 0.9]
+       [--tau 0.02:0.30:0.02] [--gates prefix_edit,two_axis] [--t-high 0.9] [--param name=value ...]
 """
 
 from __future__ import annotations
@@ -18,16 +23,17 @@ import argparse
 import csv
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu, spearmanr
 
 from selective_rollout.gate.distance import prefix_edit_distance
-from selective_rollout.gate.policies import Gate, GroupState, build_gate
-from selective_rollout.records import GroupRecord, read_groups
+from selective_rollout.gate.policies import Gate, GroupState, build_gate, gate_class
+from selective_rollout.records import GroupRecord, read_groups, rewards_equal
 
 EPS = 1e-6
 
@@ -43,7 +49,7 @@ class LabelledGroup:
 
     @property
     def zero_variance(self) -> bool:
-        return max(self.rewards) - min(self.rewards) <= 1e-9
+        return rewards_equal(self.rewards)
 
     @property
     def total_tokens(self) -> int:
@@ -161,21 +167,37 @@ def evaluate_gate(gate: Gate, label: str, tau: float, groups: Sequence[LabelledG
     )
 
 
+def _fixed_params(gates: Sequence[str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per requested gate, the fixed values among ``params`` that it owns; a value no requested
+    gate owns, or one that a gate sweeps, is a mistake worth one clear error."""
+    own = {name: gate_class(name).own_params() for name in gates}
+    for key in params:
+        if not any(key in names for names in own.values()):
+            raise ValueError(f"--param {key}: no requested gate ({', '.join(gates)}) has that parameter")
+        swept = [name for name in gates if gate_class(name).threshold == key]
+        if swept:
+            raise ValueError(f"--param {key}: {swept[0]} sweeps it (--tau)")
+    return {name: {key: v for key, v in params.items() if key in own[name]} for name in gates}
+
+
 def sweep(
     groups: Sequence[LabelledGroup],
     ks: Sequence[int],
     taus: Sequence[float],
     gates: Sequence[str] = ("prefix_edit", "two_axis"),
-    t_high: float = 0.9,
+    params: Mapping[str, Any] | None = None,
 ) -> list[GateRow]:
-    """Every requested gate over the K x tau grid, plus the oracle at each K."""
+    """Every requested gate at each K over the grid of its threshold (once if it has none), with
+    its other parameters from ``params`` or its defaults, plus the oracle at each K."""
+    fixed = _fixed_params(gates, params or {})
     rows = []
     for k in ks:
         rows.append(evaluate_gate(build_gate("oracle", k=k), "oracle", math.nan, groups))
         for name in gates:
-            for tau in taus:
-                params = {"tau": tau} if name == "prefix_edit" else {"d_low": tau, "t_high": t_high}
-                rows.append(evaluate_gate(build_gate(name, k=k, **params), name, tau, groups))
+            threshold = gate_class(name).threshold
+            for tau in [math.nan] if threshold is None else taus:
+                swept = {} if threshold is None else {threshold: tau}
+                rows.append(evaluate_gate(build_gate(name, k=k, **fixed[name], **swept), name, tau, groups))
     return rows
 
 
@@ -252,6 +274,14 @@ def parse_taus(text: str) -> list[float]:
     return taus
 
 
+def parse_param(text: str) -> tuple[str, str]:
+    """``name=value``: a fixed gate parameter (the gate's model converts the value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--param must be name=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m selective_rollout.gate.evaluate",
@@ -263,7 +293,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--k", type=parse_ks, default=[5, 10, 15])
     parser.add_argument("--tau", type=parse_taus, default=parse_taus("0.02:0.30:0.02"))
     parser.add_argument("--gates", default="prefix_edit,two_axis")
-    parser.add_argument("--t-high", type=float, default=0.9, help="two_axis termination threshold")
+    parser.add_argument("--t-high", type=float, help="two_axis termination threshold (its default: 0.9)")
+    parser.add_argument(
+        "--param",
+        type=parse_param,
+        action="append",
+        default=[],
+        help="name=value: a fixed parameter of the requested gates (repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
         groups = labelled_groups(list(read_groups(args.rollouts)))
@@ -274,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args.rollouts} holds no group with known final rewards to evaluate", file=sys.stderr)
         return 2
     try:
-        rows = sweep(groups, args.k, args.tau, [g for g in args.gates.split(",") if g], args.t_high)
+        params = dict(args.param) | ({} if args.t_high is None else {"t_high": args.t_high})
+        rows = sweep(groups, args.k, args.tau, [g for g in args.gates.split(",") if g], params)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 Every gate answers ``decide(group) -> GateDecision`` and says, through ``should_check(step)``,
 at which steps it wants to be asked, so the coordinator never needs to know which gate it runs.
-A new gate is one class with ``@register_gate("name")``.
+A new gate is one class with ``@register_gate("name")`` and, if it has parameters of its own, a
+``Params`` model next to it (docs/gate.md).
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
+from selective_rollout.records import rewards_equal
 
 Mode = Literal["at_k", "from_k"]
 
@@ -50,13 +55,35 @@ class GroupState:
         return prefix_edit_distance(self.actions, k, self.ended)
 
 
+class GateParams(BaseModel):
+    """The parameters every gate shares: when it looks. A gate's own parameters extend this model
+    (``class Params(GateParams)``), so that its defaults, bounds and descriptions live with the
+    gate and the run config, the offline sweep and the configuration reference read them from
+    there instead of repeating them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(10, ge=1, description="step at which the gate looks (K)")
+    mode: Mode = Field(
+        "at_k", description="at_k: decide once at step K (the paper); from_k: at every step >= K"
+    )
+
+
 GATES: dict[str, type[Gate]] = {}
 
 
 def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
+    """Class decorator: make the gate buildable by ``name`` (from the run config and the sweep)."""
+
     def deco(cls: type[Gate]) -> type[Gate]:
         if name in GATES:
             raise ValueError(f"gate {name!r} is registered twice")
+        if not issubclass(cls.Params, GateParams):
+            raise TypeError(f"gate {name!r}: Params must subclass GateParams")
+        if "name" in cls.Params.model_fields:
+            raise TypeError(f"gate {name!r}: a parameter cannot be called 'name' (the gate's registry name)")
+        if cls.threshold is not None and cls.threshold not in cls.own_params():
+            raise TypeError(f"gate {name!r}: threshold {cls.threshold!r} is not one of its own parameters")
         cls.name = name
         GATES[name] = cls
         return cls
@@ -64,36 +91,74 @@ def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
     return deco
 
 
-def build_gate(name: str, **params: Any) -> Gate:
-    """Instantiate a registered gate by name, with a clear error for an unknown name."""
+def gate_class(name: str) -> type[Gate]:
+    """The gate class registered under ``name``, with a clear error for an unknown name."""
     try:
-        cls = GATES[name]
+        return GATES[name]
     except KeyError:
         raise ValueError(f"unknown gate {name!r}; registered: {', '.join(sorted(GATES))}") from None
-    return cls(**params)
 
 
-def _check_k(k: int) -> None:
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"gate k must be an integer >= 1, got {k!r}")
+def build_gate(name: str, **params: Any) -> Gate:
+    """Instantiate a registered gate by name with its parameters (validated by its ``Params``)."""
+    return gate_class(name)(**params)
 
 
-def _check_unit(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"gate {name} must be in [0, 1], got {value!r}")
+def _bounds(info: FieldInfo) -> str:
+    """A numeric field's range in words ("in [0.0, 1.0]", ">= 1"), from its Field constraints."""
+    ge = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
+    le = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
+    if ge is not None and le is not None:
+        return f"in [{ge}, {le}]"
+    return f">= {ge}" if ge is not None else f"<= {le}"
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in ("at_k", "from_k"):
-        raise ValueError(f"gate mode must be 'at_k' or 'from_k', got {mode!r}")
+def _params_error(gate: str, model: type[GateParams], err: ValidationError) -> ValueError:
+    """One line naming each bad parameter, worded for a person building a gate in code (the run config
+    reports the same errors through its own key-naming formatter)."""
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            parts.append(f"gate {gate!r} has no parameter {key!r} (it has: {', '.join(model.model_fields)})")
+        elif e["type"] in ("greater_than_equal", "less_than_equal") and key in model.model_fields:
+            parts.append(f"gate {key} must be {_bounds(model.model_fields[key])}, got {e['input']!r}")
+        else:
+            parts.append(f"gate {key}: {e['msg']}, got {e['input']!r}")
+    return ValueError("; ".join(parts))
 
 
 class Gate:
-    """Interface. ``k`` is the first step at which the gate looks."""
+    """Interface. ``k`` is the first step at which the gate looks.
+
+    ``Params`` declares the gate's parameters (its own on top of the shared ``k`` and ``mode``);
+    ``threshold`` names the one of them that an offline sweep varies (None: nothing to sweep);
+    ``offline_only`` marks a gate that needs final rewards and so cannot run in training.
+    """
 
     name: ClassVar[str] = "gate"
-    k: int = 1
-    mode: Mode = "at_k"
+    Params: ClassVar[type[GateParams]] = GateParams
+    threshold: ClassVar[str | None] = None
+    offline_only: ClassVar[bool] = False
+
+    def __init__(self, **params: Any) -> None:
+        try:
+            self.params = self.Params(**params)
+        except ValidationError as exc:
+            raise _params_error(self.name, self.Params, exc) from None
+
+    @classmethod
+    def own_params(cls) -> dict[str, FieldInfo]:
+        """The gate's own parameters (not the shared ``k`` and ``mode``), by name."""
+        return {n: f for n, f in cls.Params.model_fields.items() if n not in GateParams.model_fields}
+
+    @property
+    def k(self) -> int:
+        return self.params.k
+
+    @property
+    def mode(self) -> Mode:
+        return self.params.mode
 
     def should_check(self, step: int) -> bool:
         """True at the steps where the coordinator must ask :meth:`decide`."""
@@ -114,44 +179,50 @@ class NoGate(Gate):
         return GateDecision(False, "no gate")
 
 
+class PrefixEditParams(GateParams):
+    tau: float = Field(0.12, ge=0.0, le=1.0, description="stop when D_K < tau (the paper: 0.12)")
+
+
 @register_gate("prefix_edit")
 class PrefixEditGate(Gate):
     """The paper's one-parameter gate: stop when D_K < tau."""
 
-    def __init__(self, k: int = 10, tau: float = 0.12, mode: Mode = "at_k") -> None:
-        _check_k(k)
-        _check_unit("tau", tau)
-        _check_mode(mode)
-        self.k, self.tau, self.mode = k, tau, mode
+    Params = PrefixEditParams
+    threshold = "tau"
+    params: PrefixEditParams
 
     def decide(self, group: GroupState) -> GateDecision:
+        tau = self.params.tau
         d = group.distance(group.step)
-        stop = d < self.tau
+        stop = d < tau
         op = "<" if stop else ">="
-        return GateDecision(stop, f"D_{group.step}={d:.3f} {op} tau={self.tau}", {"prefix_edit_distance": d})
+        return GateDecision(stop, f"D_{group.step}={d:.3f} {op} tau={tau}", {"prefix_edit_distance": d})
+
+
+class TwoAxisParams(GateParams):
+    d_low: float = Field(0.12, ge=0.0, le=1.0, description="stop when D_K < d_low")
+    t_high: float = Field(0.9, ge=0.0, le=1.0, description="or when the terminated fraction >= t_high")
 
 
 @register_gate("two_axis")
 class TwoAxisGate(Gate):
     """The paper trainer's OR rule: stop when D_K < d_low or termination fraction >= t_high."""
 
-    def __init__(self, k: int = 10, d_low: float = 0.12, t_high: float = 0.9, mode: Mode = "at_k") -> None:
-        _check_k(k)
-        _check_unit("d_low", d_low)
-        _check_unit("t_high", t_high)
-        _check_mode(mode)
-        self.k, self.d_low, self.t_high, self.mode = k, d_low, t_high, mode
+    Params = TwoAxisParams
+    threshold = "d_low"
+    params: TwoAxisParams
 
     def decide(self, group: GroupState) -> GateDecision:
+        d_low, t_high = self.params.d_low, self.params.t_high
         d = group.distance(group.step)
         ended = [True] * len(group.actions) if group.ended is None else list(group.ended)
         term = sum(1 for a, e in zip(group.actions, ended, strict=True) if e and len(a) <= group.step)
         term_frac = term / len(group.actions)
         features = {"prefix_edit_distance": d, "termination_frac": term_frac}
-        if d < self.d_low:
-            return GateDecision(True, f"D_{group.step}={d:.3f} < d_low={self.d_low}", features)
-        if term_frac >= self.t_high:
-            return GateDecision(True, f"terminated {term_frac:.2f} >= t_high={self.t_high}", features)
+        if d < d_low:
+            return GateDecision(True, f"D_{group.step}={d:.3f} < d_low={d_low}", features)
+        if term_frac >= t_high:
+            return GateDecision(True, f"terminated {term_frac:.2f} >= t_high={t_high}", features)
         return GateDecision(False, f"D_{group.step}={d:.3f}, terminated {term_frac:.2f}", features)
 
 
@@ -159,15 +230,13 @@ class TwoAxisGate(Gate):
 class OracleGate(Gate):
     """Stops exactly the zero-variance groups at K; needs final rewards, so evaluation only."""
 
-    def __init__(self, k: int = 10) -> None:
-        _check_k(k)
-        self.k = k
+    offline_only = True
 
     def decide(self, group: GroupState) -> GateDecision:
         if group.final_rewards is None:
             raise ValueError("the oracle gate needs final rewards; it exists for offline evaluation only")
+        stop = rewards_equal(group.final_rewards)
         spread = max(group.final_rewards) - min(group.final_rewards)
-        stop = spread <= 1e-9
         return GateDecision(stop, "zero variance" if stop else "mixed rewards", {"reward_spread": spread})
 
 

@@ -28,7 +28,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from alfworld_env.errors import GameError
 from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
-from selective_rollout.gate import NoGate, build_gate
+from selective_rollout.gate import NoGate
 from selective_rollout.records import Experience, GroupRecord, GroupWriter, Outcome, Step, TrajectoryStatus
 from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.rollout.engines import SamplingParams
@@ -96,7 +96,7 @@ class GroupCoordinator:
         self.strategy = build_strategy(
             self.rc.strategy, window=self.rc.preskip_window, explore=self.rc.preskip_explore, seed=cfg.seed
         )
-        self.gate = build_gate(cfg.gate.name, **cfg.gate.params()) if self.strategy.uses_gate else NoGate()
+        self.gate = cfg.gate.build() if self.strategy.uses_gate else NoGate()
         self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
         self.audits = AuditBudget(self.rc.audit_budget, self.rc.audit_target_precision)
         self._group_seq = 0

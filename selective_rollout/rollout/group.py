@@ -21,6 +21,7 @@ from selective_rollout.records import (
     Step,
     Trajectory,
     TrajectoryStatus,
+    rewards_equal,
 )
 from selective_rollout.rollout.audit import AuditBudget
 
@@ -150,10 +151,11 @@ class GroupRun:
         return Outcome.COMPLETED if keep else Outcome.FILTERED
 
     def zero_variance(self) -> bool | None:
+        """Whether the finished group's rewards (``float(won)``, as its record says) are all equal;
+        None when they are unknown (failed, or cut without audit)."""
         if self.failure is not None or self.stopped:
             return None
-        won = {t.won for t in self.trajectories}
-        return len(won) == 1
+        return rewards_equal([float(t.won) for t in self.trajectories])
 
     def to_record(self, iteration: int, outcome: Outcome, meta: dict) -> GroupRecord:
         status = TrajectoryStatus.FAILED if outcome is Outcome.FAILED else None
