@@ -32,7 +32,7 @@ def _format_validation_error(err: ValidationError) -> str:
         elif not e["loc"]:
             parts.append(str(e["msg"]).removeprefix("Value error, "))
         else:
-            parts.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+            parts.append(f"{key}: {str(e['msg']).removeprefix('Value error, ')} (got {e.get('input')!r})")
     return "; ".join(parts)
 
 

@@ -24,7 +24,8 @@ class RunConfig(Section):
     engine: EngineConfig = EngineConfig()
     agent: AgentConfig = AgentConfig()
     rollout: RolloutConfig = RolloutConfig()
-    trainer: TrainerConfig = TrainerConfig()
+    # built on use, not at import: validating it reads the trainer's loss registries
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     train: DriverConfig = DriverConfig()
     eval: EvalConfig = EvalConfig()
     warm_start: WarmStartConfig = WarmStartConfig()

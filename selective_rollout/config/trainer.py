@@ -1,10 +1,19 @@
 """Config of the learner (selective_rollout.trainer): GRPO objective, DeepSpeed, LoRA, sync, checkpoints."""
 
-from typing import Literal
+from types import ModuleType
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from selective_rollout.config.base import Section
+
+
+def _losses() -> ModuleType:
+    """The trainer's loss registries. Config sits below the trainer (DESIGN.md 2.1.1), so it reads
+    them when a config is validated, never when it is imported; the package needs only torch."""
+    from selective_rollout.trainer import losses
+
+    return losses
 
 
 class LoraConfig(Section):
@@ -19,13 +28,24 @@ class LoraConfig(Section):
 
 
 class TrainerConfig(Section):
+    """The learner: GRPO objective, optimiser, DeepSpeed, LoRA, weight sync, checkpoints.
+
+    Besides the keys declared here, the parameters of the registered policy losses, aggregations
+    and KL estimators (selective_rollout.trainer.losses) are keys of this section, e.g.
+    ppo_clip's ``clip_low`` and ``clip_high``; any other key is refused."""
+
+    model_config = ConfigDict(extra="allow")  # only the loss parameters, checked by _loss_parameters
+
     # advantages (selective_rollout.trainer.advantages registry; a new estimator adds its name here)
     advantage: Literal["grpo", "drgrpo"] = "grpo"
     advantage_eps: float = Field(1e-6, gt=0.0)
-    # policy loss
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
-    clip_high: float = Field(0.28, ge=0.0)
+    # policy objective: each name is an entry of its registry in selective_rollout.trainer.losses
+    policy_loss: str = Field("ppo_clip", description="per-token policy loss (trainer/losses/policy.py)")
+    loss_agg: str = Field(
+        "token-mean",
+        description="how per-token losses add up to the batch loss: token-mean, seq-mean-token-mean, "
+        "seq-mean-token-sum (trainer/losses/aggregation.py)",
+    )
     old_logprobs: Literal["learner", "engine"] = Field(
         "learner",
         description="the PPO ratio's old policy: learner = the learner's own log-probs before its one update "
@@ -33,7 +53,7 @@ class TrainerConfig(Section):
         "sampling engine's log-probs",
     )
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the frozen initial policy")
-    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_estimator: str = Field("k3", description="per-token KL estimator: k1 or k3 (trainer/losses/kl.py)")
     # optimiser
     lr: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -54,6 +74,24 @@ class TrainerConfig(Section):
     save_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _loss_parameters(cls, data: Any) -> Any:
+        """Keys this section does not declare must be parameters of a registered loss entry;
+        they are validated by the entry's declaration (an unknown key is refused by name) and the
+        missing ones take its default, so ``cfg.clip_high`` always reads a checked value."""
+        if not isinstance(data, dict):
+            return data
+        declared = {key: value for key, value in data.items() if key in cls.model_fields}
+        given = {key: value for key, value in data.items() if key not in cls.model_fields}
+        return {**declared, **_losses().parameters_model().model_validate(given).model_dump()}
+
+    @field_validator("policy_loss", "loss_agg", "kl_estimator")
+    @classmethod
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        _losses().REGISTRIES[info.field_name].get(value)
+        return value
 
     @field_validator("adam_betas")
     @classmethod

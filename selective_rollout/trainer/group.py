@@ -22,7 +22,7 @@ from selective_rollout.sync_group import TensorSpec, sync_ranks
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.learner import LearnerWorker
-from selective_rollout.trainer.losses import batch_denominator
+from selective_rollout.trainer.losses import AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.trainer.objective import ZERO_ADV
 from selective_rollout.trainer.packing import check_experience, plan_micro_batches
 
@@ -97,7 +97,8 @@ class LearnerGroup:
             check_experience(exp)
         start = time.perf_counter()
         advantages = compute_advantages(batch, self.cfg.advantage, self.cfg.advantage_eps)
-        denominator = batch_denominator(self.cfg.loss_agg, [e.num_policy_tokens for e in batch])
+        aggregation = AGGREGATIONS.build(self.cfg.loss_agg, self.cfg)
+        denominator = aggregation.denominator([e.num_policy_tokens for e in batch])
         informative = [i for i, a in enumerate(advantages) if abs(a) > ZERO_ADV]
         full = {
             "train/batch_size": float(len(batch)),
@@ -107,7 +108,7 @@ class LearnerGroup:
             )
             / max(1, sum(e.num_policy_tokens for e in batch)),
         }
-        if self.cfg.kl_coef == 0:
+        if self.cfg.kl_coef == 0 and POLICY_LOSSES.get(self.cfg.policy_loss).no_gradient_at_zero_advantage:
             # Without a KL term a zero-advantage sequence adds exactly zero gradient under PPO-clip;
             # it still counts in the denominator above (the dilution), so skipping its forward and
             # backward is exact and saves the learner the cost of groups that teach nothing.

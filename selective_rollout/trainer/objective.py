@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.trainer.losses import kl_estimate, ppo_clip_loss, token_weights
+from selective_rollout.trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from selective_rollout.trainer.modeling import token_logprobs
 from selective_rollout.trainer.packing import MicroBatch
 
@@ -29,7 +29,9 @@ def micro_batch_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the batch loss, and its statistic sums.
 
-    ``denominator`` is the whole batch's (``losses.batch_denominator``). With ``kl_coef > 0``
+    The policy loss, aggregation and KL estimator are the registry entries the config names,
+    bound to their ``trainer.*`` parameters. ``denominator`` is the whole batch's (the
+    aggregation's ``denominator``, computed by the driver). With ``kl_coef > 0``
     the KL is to ``ref_logprobs`` (the frozen initial policy) and enters the loss; otherwise
     ``kl_sum`` measures the drift from the sampling engine's policy (``mb.old_logprobs``), logged only.
 
@@ -41,15 +43,17 @@ def micro_batch_loss(
     logprobs, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, with_entropy=True)
     mask = mb.loss_mask
     old = logprobs.detach() if cfg.old_logprobs == "learner" else mb.old_logprobs
-    per_token, clipped = ppo_clip_loss(logprobs, old, mb.advantages, cfg.clip_low, cfg.clip_high)
+    policy_loss = POLICY_LOSSES.build(cfg.policy_loss, cfg)
+    kl_estimator = KL_ESTIMATORS.build(cfg.kl_estimator, cfg)
+    per_token, clipped = policy_loss(logprobs, old, mb.advantages)
     if cfg.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference policy")
-        kl = kl_estimate(logprobs, ref_logprobs(mb), cfg.kl_estimator)
+        kl = kl_estimator(logprobs - ref_logprobs(mb))
         per_token = per_token + cfg.kl_coef * kl
     else:
-        kl = kl_estimate(logprobs.detach(), mb.old_logprobs, cfg.kl_estimator)
-    weights = token_weights(mask.to(per_token.dtype), cfg.loss_agg, denominator)
+        kl = kl_estimator(logprobs.detach() - mb.old_logprobs)
+    weights = AGGREGATIONS.build(cfg.loss_agg, cfg).weights(mask.to(per_token.dtype), denominator)
     loss = (per_token * weights).sum()
     assert entropy is not None
     stats = {

@@ -1,0 +1,68 @@
+"""Policy losses: the per-token loss of the sampled tokens given their advantages.
+
+Each is an ``@POLICY_LOSSES.register`` class; ``trainer.policy_loss`` names the one to use and
+its fields are flat ``trainer.*`` keys (``trainer.clip_high``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+
+from selective_rollout.trainer.losses.registry import Entry, Registry
+
+
+class PolicyLoss(Entry, ABC):
+    """Maps ``[B, T]`` log-probs, old log-probs and advantages to the per-token loss and a
+    boolean mask of the tokens it clipped (all False for a loss that never clips)."""
+
+    # True when a token of advantage 0 adds no gradient (PPO-clip, REINFORCE): without a KL term
+    # the driver then skips zero-advantage sequences exactly. False for a loss with a term that
+    # does not scale with the advantage (an entropy bonus, say).
+    no_gradient_at_zero_advantage: ClassVar[bool] = True
+
+    @abstractmethod
+    def __call__(
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``-min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A)`` and where the clip bit.
+
+    Separate bounds are DAPO's clip-higher: a larger upper bound lets rare tokens with positive
+    advantage grow, which keeps entropy from collapsing.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped)
+
+
+@POLICY_LOSSES.register("ppo_clip")
+class PPOClip(PolicyLoss):
+    """PPO's clipped surrogate with DAPO's separate bounds (``ppo_clip_loss``)."""
+
+    clip_low: float = Field(
+        0.2, ge=0.0, lt=1.0, description="ppo_clip: the ratio is clipped below at 1 - clip_low"
+    )
+    clip_high: float = Field(
+        0.28, ge=0.0, description="ppo_clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher)"
+    )
+
+    def __call__(
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ppo_clip_loss(logprobs, old_logprobs, advantages, self.clip_low, self.clip_high)
