@@ -15,6 +15,7 @@ from pydantic.fields import FieldInfo
 
 from selective_rollout.config.gate import GateConfig
 from selective_rollout.config.schema import RunConfig
+from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.gate.policies import GATES
 
 INTRO = """# Configuration reference
@@ -61,21 +62,35 @@ def _row(key: str, info: FieldInfo) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _entry_rows(heading: str, doc: str | None, fields: dict[str, FieldInfo], prefix: str) -> list[str]:
+    """One registered entry (a gate, a loss): its heading, first doc paragraph and own parameters."""
+    out = [f"### `{heading}`", "", (doc or "").strip().split("\n\n")[0].replace("\n", " "), ""]
+    if not fields:
+        return out + ["No parameters of its own.", ""]
+    rows = [_row(f"{prefix}{key}", info) for key, info in fields.items()]
+    return [*out, TABLE_HEAD, TABLE_RULE, *rows, ""]
+
+
 def _gate_rows(prefix: str) -> list[str]:
     """Each registered gate's own parameters, read from its ``Params`` model (they are flat keys
     of the gate section, accepted only with that gate selected)."""
     out = []
     for name, gate in sorted(GATES.items()):
-        if gate.offline_only:
-            continue
-        doc = (gate.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        out += [f"### `{prefix}name: {name}`", "", doc, ""]
-        own = gate.own_params()
-        if not own:
-            out += ["No parameters of its own.", ""]
-            continue
-        out += [TABLE_HEAD, TABLE_RULE]
-        out += [_row(f"{prefix}{key}", info) for key, info in own.items()] + [""]
+        if not gate.offline_only:
+            out += _entry_rows(f"{prefix}name: {name}", gate.__doc__, gate.own_params(), prefix)
+    return out
+
+
+def _loss_rows(prefix: str) -> list[str]:
+    """Each registered policy loss, aggregation and KL estimator with its parameters (flat keys of
+    the trainer section). The registries live in the trainer (floor 3); this generator of the docs
+    reads them when it runs, as config validation does."""
+    from selective_rollout.trainer.losses import REGISTRIES
+
+    out = []
+    for key, registry in REGISTRIES.items():
+        for name, entry in sorted(registry.entries.items()):
+            out += _entry_rows(f"{prefix}{key}: {name}", entry.__doc__, entry.model_fields, prefix)
     return out
 
 
@@ -95,6 +110,8 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         out += rows + [""]
     if model is GateConfig:
         out += _gate_rows(prefix)
+    if model is TrainerConfig:
+        out += _loss_rows(prefix)
     for section_prefix, section in sections:
         out += _rows(section, section_prefix + ".")
     return out
