@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,11 @@ def run_arm(cfg, engines, model_path, tasks, label: str, run_dir: Path | None = 
         batch = ray.get(coordinator.rollout.remote(tasks, 0))
         wall = time.perf_counter() - start
     finally:
-        ray.get(coordinator.shutdown.remote())
+        # bounded: after Ctrl-C the rollout call may still hold the actor; kill it regardless
+        try:
+            ray.get(coordinator.shutdown.remote(), timeout=30)
+        except ray.exceptions.GetTimeoutError:
+            print("  the coordinator did not shut down within 30 s; killing it", file=sys.stderr)
         ray.kill(coordinator)
     m = batch.metrics
     informative = sum(1 for g in batch.groups if g.outcome is Outcome.COMPLETED and g.zero_variance is False)
