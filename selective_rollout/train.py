@@ -344,6 +344,9 @@ class Trainer:
         for closer in (
             lambda: ray.get(self.coordinator.shutdown.remote(), timeout=60),
             lambda: ray.get([e.shutdown.remote() for e in self.engines], timeout=60),
+            # killed, not left to handle counting: a handle that outlives the run (a closure, a
+            # traceback) kept an engine and its ~5 GB alive through the rest of an experiment
+            *(lambda actor=actor: ray.kill(actor) for actor in (self.coordinator, *self.engines)),
             self.learner.shutdown,
             self.logger.close,
         ):
