@@ -5,6 +5,7 @@ workers host such episodes."""
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,9 @@ class CookingEpisode:
     def __init__(self, game_file: str | Path) -> None:
         if not Path(game_file).is_file():
             raise FileNotFoundError(f"no compiled TextWorld game at {game_file}")
-        with as_game_error("load"):
+        with as_game_error("load"), warnings.catch_warnings():
+            # jericho cannot score TextWorld's own games; textworld's Inform 7 wrapper does
+            warnings.filterwarnings("ignore", message=".*is not fully supported")
             self._env = textworld.start(str(game_file), REQUEST_INFOS)
         self.objective = ""
 
