@@ -32,7 +32,8 @@ Unknown keys and invalid values are rejected with one error line naming the key.
 
 Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),
 `alfworld_qwen2.5_7b_grpo.yaml` (the paper's setup on one 8-GPU node),
-`alfworld_qwen2.5_7b_multinode.yaml` (the same across nodes).
+`alfworld_qwen2.5_7b_multinode.yaml` (the same across nodes), `cpu_textworld.yaml` (the CPU profile on
+TextWorld Cooking, the second environment).
 """
 TABLE_HEAD = "| key | type | default | constraint | meaning |"
 TABLE_RULE = "|---|---|---|---|---|"
