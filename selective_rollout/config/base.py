@@ -4,10 +4,12 @@ entry's own keys (a gate's, an environment's) in its section."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+T = TypeVar("T")
 
 
 class Section(BaseModel):
@@ -19,30 +21,33 @@ class Section(BaseModel):
 def entry_params(
     section: type[Section],
     data: dict[str, Any],
-    own: Mapping[str, Mapping[str, Any]],
-    selected: str | None,
+    registry: Mapping[str, T],
+    own: Callable[[T], Mapping[str, Any]],
+    validate: Callable[[T, dict[str, Any]], dict[str, Any]],
     kind: str,
-    validate: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, Any]:
-    """``data`` of a section whose selected registry entry owns flat keys: refuse a key no entry
-    owns or the selected entry (``selected``; None: an unknown name, reported by the name's own
-    validator) does not own, naming the key, then validate the rest with ``validate`` (the entry's
-    ``Params``), which also fills in its defaults, so a dumped config says exactly what ran.
+    """``data`` of a section whose selected registry entry (``data["name"]``) owns flat keys:
+    refuse a key no entry owns or the selected entry does not own, naming the key, then validate
+    the rest with ``validate(entry, keys)`` (the entry's ``Params``), which also fills in its
+    defaults, so a dumped config says exactly what ran. An unknown name is left to the name's own
+    validator.
 
-    ``own`` maps each registered entry to its own keys; ``kind`` words the errors ("gate").
+    ``own(entry)`` gives an entry's own keys; ``kind`` words the errors ("gate").
     """
+    name = data.get("name", section.model_fields["name"].default)
+    selected = registry.get(name)
     extra = {key: v for key, v in data.items() if key not in section.model_fields}
-    owners = {key: sorted(n for n, keys in own.items() if key in keys) for key in extra}
+    owners = {key: sorted(n for n, e in registry.items() if key in own(e)) for key in extra}
     errors: list[InitErrorDetails] = []
     for key, value in extra.items():
         if not owners[key]:
             errors.append({"type": "extra_forbidden", "loc": (key,), "input": value})
-        elif selected is not None and key not in own[selected]:
-            message = f"{kind} {selected!r} has no such parameter ({', '.join(owners[key])} has)"
+        elif selected is not None and key not in own(selected):
+            message = f"{kind} {name!r} has no such parameter ({', '.join(owners[key])} has)"
             error = PydanticCustomError(f"foreign_{kind}_key", message)
             errors.append({"type": error, "loc": (key,), "input": value})
     if errors:
         raise ValidationError.from_exception_data(section.__name__, errors)
     if selected is None:
         return data
-    return {**data, **validate(extra)}
+    return {**data, **validate(selected, extra)}

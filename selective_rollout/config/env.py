@@ -63,16 +63,13 @@ class EnvConfig(Section):
         with the selected environment's ``Params`` and fill in its defaults."""
         if not isinstance(data, dict):
             return data
-        name = data.get("name", cls.model_fields["name"].default)
-        env = ENVS.get(name)
-        own = {n: e.own_params() for n, e in ENVS.items()}
-
-        def validate(extra: dict[str, Any]) -> dict[str, Any]:
-            return env.Params.model_validate(extra).model_dump()
-
-        return entry_params(cls, data, own, name if env else None, "environment", validate)
+        return entry_params(cls, data, ENVS, lambda e: e.own_params(), _validate_own, "environment")
 
     def build(self) -> Environment:
         """The selected environment, bound to this section (what the coordinator, the task
         source and the warm start use)."""
         return env_class(self.name)(self)
+
+
+def _validate_own(env: type[Environment], given: dict[str, Any]) -> dict[str, Any]:
+    return env.Params.model_validate(given).model_dump()

@@ -54,15 +54,12 @@ class GateConfig(Section):
         parameter the gate runs with (a dumped config says exactly what ran)."""
         if not isinstance(data, dict):
             return data
-        name = data.get("name", cls.model_fields["name"].default)
-        gate = GATES.get(name)
-        own = {n: g.own_params() for n, g in GATES.items()}
-
-        def validate(extra: dict[str, Any]) -> dict[str, Any]:
-            return gate.Params.model_validate(extra).model_dump(include=set(gate.own_params()))
-
-        return entry_params(cls, data, own, name if gate else None, "gate", validate)
+        return entry_params(cls, data, GATES, lambda g: g.own_params(), _validate_own, "gate")
 
     def build(self) -> Gate:
         """The selected gate with the shared parameters and its own (what the coordinator runs)."""
         return build_gate(self.name, k=self.k, mode=self.mode, **(self.model_extra or {}))
+
+
+def _validate_own(gate: type[Gate], given: dict[str, Any]) -> dict[str, Any]:
+    return gate.Params.model_validate(given).model_dump(include=set(gate.own_params()))

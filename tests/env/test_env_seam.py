@@ -5,7 +5,6 @@ plays it (its pool, its prompt and its reward rule) with no change anywhere (DES
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 import pytest
 from pydantic import Field
@@ -15,7 +14,7 @@ from selective_rollout.config.reference import render
 from selective_rollout.envs import ENVS, Environment, EnvParams, PromptText, register_env
 from selective_rollout.records import Outcome, Task
 from selective_rollout.rollout.coordinator import GroupCoordinator
-from tests.rollout.test_coordinator_unit import GAMES, SCRIPTS, ScriptedAgent, ScriptedEngine
+from tests.rollout.test_coordinator_unit import GAMES, SCRIPTS, ScriptedAgent, ScriptedEngine, _State
 
 TOY = "toy_test_only"
 
@@ -26,18 +25,6 @@ class ToyGameError(RuntimeError):
 
 class ToyParams(EnvParams):
     win_reward: float = Field(1.0, gt=0.0, description="reward of a won episode")
-
-
-@dataclass
-class _State:
-    episode_id: str
-    obs: str = "a toy room"
-    admissible: list[str] = field(default_factory=lambda: ["win", "quit"])
-    reward: float = 0.0
-    done: bool = False
-    won: bool = False
-    task: str = "win the toy game"
-    failed: str | None = None
 
 
 class ToyPool:

@@ -98,7 +98,7 @@ def test_eating_an_ingredient_loses_the_episode_with_reward_zero(cooking_games):
 
 
 def test_a_missing_set_names_the_command_that_makes_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"--level easy --seed 0"):
+    with pytest.raises(FileNotFoundError, match=r"--level easy --seed 0 with --n-train"):
         _env(tmp_path / "typo").tasks("train")
 
 

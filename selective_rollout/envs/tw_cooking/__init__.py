@@ -10,15 +10,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from selective_rollout.envs.base import (
-    Environment,
-    EnvParams,
-    EnvPool,
-    Episode,
-    Observation,
-    PromptText,
-    register_env,
-)
+from selective_rollout.envs import base as seam
+from selective_rollout.envs.base import Environment, EnvParams, PromptText, register_env
 from selective_rollout.records import Task
 
 log = logging.getLogger(__name__)
@@ -75,13 +68,13 @@ class TwCooking(Environment):
     def cache_key(self) -> list[Any]:
         return [*super().cache_key(), self.params.level]
 
-    def pool(self, worker_options: dict[str, Any] | None = None) -> EnvPool:
+    def pool(self, worker_options: dict[str, Any] | None = None) -> seam.EnvPool:
         from alfworld_env import EnvPool as TextGamePool
         from selective_rollout.envs.tw_cooking.engine import CookingGames
 
         return TextGamePool(self.cfg.num_workers, worker_options, kind=CookingGames())
 
-    def episode(self, game_dir: str) -> Episode:
+    def episode(self, game_dir: str) -> seam.Episode:
         from selective_rollout.envs.tw_cooking.engine import CookingGames
 
         (episode,) = CookingGames().open(game_dir, 1)
@@ -92,7 +85,7 @@ class TwCooking(Environment):
 
         return walkthrough(game_dir)
 
-    def task_of(self, first: Observation) -> str:
+    def task_of(self, first: seam.Observation) -> str:
         from selective_rollout.envs.tw_cooking.engine import CookingGames
 
         return CookingGames().task(first)

@@ -6,7 +6,7 @@ identical. A game is kept only after its walkthrough (the generator's, minus the
 engine does not offer at that point, such as opening a fridge already open) has won it on the
 real engine, winning on its last step; that walkthrough is written next to the game.
 
-    python -m selective_rollout.envs.tw_cooking.games --out data/games/tw-cooking-medium --level medium --n 8
+    python -m selective_rollout.envs.tw_cooking.games --out data/games/tw-cooking-medium --level medium
 """
 
 from __future__ import annotations
@@ -161,8 +161,8 @@ def load_tasks(root: str | Path, split: str, level: str, seed: int, n: int) -> l
         raise FileNotFoundError(
             f"{Path(root) / split} lacks {len(missing)} of the {n} tw-cooking {level} games (seed {seed}) "
             f"the config asks for, e.g. {missing[0].name}: generate them (env.generate=true, or python -m "
-            f"selective_rollout.envs.tw_cooking.games --out {root} --split {split} --n {n} --level {level} "
-            f"--seed {seed})"
+            f"selective_rollout.envs.tw_cooking.games --out {root} --level {level} --seed {seed} with "
+            f"--n-train / --n-valid of at least {n})"
         )
     return [Task(str(f), f"{split}/{f.name}", f"tw-cooking-{level}") for f in folders]
 
@@ -174,14 +174,16 @@ def walkthrough(game_dir: str | Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="root folder; games go to OUT/SPLIT/...")
-    ap.add_argument("--n", type=int, required=True, help="number of games in the split")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--split", choices=SPLITS, default="train")
+    ap.add_argument("--out", required=True, help="games root; each split goes to OUT/<split>/")
     ap.add_argument("--level", choices=sorted(LEVELS), default="medium")
-    args = ap.parse_args(argv)
-    folders = generate(args.out, args.split, args.n, args.seed, args.level)
-    print(f"{len(folders)} games in {Path(args.out) / args.split}")
+    ap.add_argument("--n-train", type=int, default=24, help="train games (env.n_train)")
+    ap.add_argument(
+        "--n-valid", type=int, default=8, help="games of valid_seen and of valid_unseen (env.n_valid)"
+    )
+    ap.add_argument("--seed", type=int, default=0, help="env.games_seed")
+    a = ap.parse_args(argv)
+    root = ensure_games(a.out, a.level, a.n_train, a.n_valid, a.seed)
+    print(f"tw-cooking {a.level}: {a.n_train} train, {a.n_valid} + {a.n_valid} held-out games in {root}")
 
 
 if __name__ == "__main__":
