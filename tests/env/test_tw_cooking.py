@@ -134,3 +134,31 @@ def test_the_pool_plays_a_group_on_ray_workers(ray_cluster, cooking_games):
         assert pool.metrics()["env/steps"] == 2 * len(plan)
     finally:
         pool.shutdown()
+
+
+def test_the_warm_start_clones_a_cooking_walkthrough_in_the_cooking_prompt(cooking_games, smollm2_tokenizer):
+    from selective_rollout.rollout.agent import Agent
+    from selective_rollout.sft import expert_dialogue, warm_start_games
+
+    cfg = load_config(
+        "configs/cpu_textworld.yaml",
+        [
+            "env.level=easy",
+            f"env.games_dir={cooking_games}",
+            "env.n_train=3",
+            "env.n_valid=1",
+            "warm_start.games=2",
+        ],
+    )
+    env = cfg.env.build()
+    games = warm_start_games(cfg, cooking_games)
+    assert [g.task_id for g in games] == [t.task_id for t in env.tasks("train")[:2]]
+    agent = Agent(cfg.agent, smollm2_tokenizer, env.prompt)
+    (sequence,) = expert_dialogue(games[0].game_dir, agent, cfg.rollout.max_steps, env)
+    text = smollm2_tokenizer.decode(sequence.token_ids)
+    assert "You are an agent in a text adventure about cooking a meal" in text and "household" not in text
+    cloned = smollm2_tokenizer.decode(
+        [t for t, m in zip(sequence.token_ids, sequence.loss_mask, strict=True) if m]
+    )
+    assert "examine cookbook" in cloned and cloned.rstrip().endswith("eat meal<|im_end|>")
+    assert sequence.reward == 1.0
