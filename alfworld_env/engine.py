@@ -7,25 +7,17 @@ cache folder in the home directory; nothing here depends on either.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-
 import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 from textworld.envs.pddl import PddlEnv
 
-from alfworld_env.errors import GameError
+from alfworld_env.errors import as_game_error
+from alfworld_env.observation import Observation
 
 REQUEST_INFOS = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
 NOTHING_HAPPENS = "Nothing happens."
 
-
-@dataclass
-class Observation:
-    obs: str
-    admissible: list[str]
-    won: bool
+__all__ = ["NOTHING_HAPPENS", "Episode", "Observation"]
 
 
 class Episode:
@@ -33,15 +25,15 @@ class Episode:
 
     def __init__(self, game: str | dict) -> None:
         self._env = AlfredInfos(AlfredDemangler(PddlEnv(REQUEST_INFOS)))
-        with _as_game_error("load"):
+        with as_game_error("load"):
             self._env.load(game)
 
     def reset(self) -> Observation:
-        with _as_game_error("reset"):
+        with as_game_error("reset"):
             return self._observe(self._env.reset())
 
     def step(self, command: str) -> Observation:
-        with _as_game_error(f"step {command!r}"):
+        with as_game_error(f"step {command!r}"):
             state, _, _ = self._env.step(command)
             return self._observe(state)
 
@@ -55,13 +47,3 @@ class Episode:
     @staticmethod
     def _observe(state) -> Observation:
         return Observation(state.feedback.strip(), list(state["admissible_commands"]), bool(state["won"]))
-
-
-@contextmanager
-def _as_game_error(what: str) -> Iterator[None]:
-    try:
-        yield
-    except GameError:
-        raise
-    except Exception as exc:  # the engine raises parser, planner and KeyError types alike
-        raise GameError(f"the engine failed to {what}: {type(exc).__name__}: {exc}") from None

@@ -1,9 +1,13 @@
-"""EnvPool: many ALFWorld episodes served by a few Ray worker actors.
+"""EnvPool: many text-game episodes served by a few Ray worker actors.
 
 A group (G episodes of one game) lives on one worker, so the game's file, logic and translation
 are loaded once for all G copies. A worker that dies is replaced by a fresh actor; every
 episode it hosted is reported once with ``failed`` set (never silently dropped) and new groups
 go to live workers.
+
+The pool serves ALFWorld games by default; any other kind of game plugs in as a ``GameKind``
+(how a worker opens G episodes of one game folder), so a second environment reuses the actors,
+the worker replacement and the batching instead of copying them.
 """
 
 from __future__ import annotations
@@ -16,16 +20,74 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import ray
 from ray.exceptions import RayActorError
 
-from alfworld_env import speedups
-from alfworld_env.engine import Episode
 from alfworld_env.errors import GameError
+from alfworld_env.observation import Observation
 
 _TASK_MARK = "Your task is to: "
 LOST = "its env worker died; episode lost"
+
+
+class Playable(Protocol):
+    """One episode as a worker drives it."""
+
+    def reset(self) -> Observation: ...
+
+    def step(self, command: str) -> Observation: ...
+
+    def close(self) -> None: ...
+
+
+class GameKind(Protocol):
+    """How an EnvWorker hosts episodes of one kind of game. It is pickled to the worker, so it
+    holds settings only; ``prepare`` runs once in the worker process before any episode."""
+
+    def prepare(self) -> None: ...
+
+    def open(self, game_dir: str, n: int) -> list[Playable]:
+        """``n`` independent episodes of the game in ``game_dir`` (the game read once for all);
+        raises ``GameError``, ``OSError`` or ``ValueError`` when it cannot be played."""
+        ...
+
+    def task(self, first: Observation) -> str:
+        """The task sentence of an episode's first observation."""
+        ...
+
+    def game_file(self, game_dir: str) -> str:
+        """The file a failure to play the game names."""
+        ...
+
+
+@dataclass(frozen=True)
+class AlfworldGames:
+    """ALFWorld PDDL games (``game.tw-pddl``): the pool's default kind."""
+
+    parse_cache: bool = True
+
+    def prepare(self) -> None:
+        from alfworld_env import speedups
+
+        speedups.enable(parse_cache=self.parse_cache, translation_cache=True)
+
+    def open(self, game_dir: str, n: int) -> list[Playable]:
+        from alfworld_env.engine import Episode
+
+        game = json.loads((Path(game_dir) / "game.tw-pddl").read_text())
+        return [Episode(game) for _ in range(n)]
+
+    def task(self, first: Observation) -> str:
+        return first.obs.split(_TASK_MARK, 1)[1].strip() if _TASK_MARK in first.obs else ""
+
+    def game_file(self, game_dir: str) -> str:
+        return str(Path(game_dir) / "game.tw-pddl")
+
+
+# what a worker sends back per episode: (obs, admissible, won, lost, task); plain data only
+_Result = tuple[str, list[str], bool, bool, str]
 
 
 @dataclass
@@ -51,9 +113,10 @@ class _WorkerStats:
 class EnvWorker:
     """Hosts episodes in one process (a Ray actor); see ``EnvPool`` for the contract."""
 
-    def __init__(self, parse_cache: bool = True) -> None:
-        speedups.enable(parse_cache=parse_cache, translation_cache=True)
-        self._episodes: dict[str, Episode] = {}
+    def __init__(self, kind: GameKind) -> None:
+        kind.prepare()
+        self._kind = kind
+        self._episodes: dict[str, Playable] = {}
         self._stats = _WorkerStats()
 
     def location(self) -> dict[str, object]:
@@ -61,33 +124,30 @@ class EnvWorker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
-    def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[tuple[str, list[str], bool]] | str:
-        """G fresh episodes of one game: (obs, admissible, won) each, or why the game is unplayable.
+    def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[_Result] | str:
+        """G fresh episodes of one game, or why the game is unplayable.
 
         The failure comes back as a string, not an exception: it must cross to the caller's
         process as plain data (see ``GameError``).
         """
         start = time.perf_counter()
-        game_file = Path(game_dir) / "game.tw-pddl"
         try:
-            game = json.loads(game_file.read_text())
             out = []
-            for eid in episode_ids:
-                ep = Episode(game)
+            for eid, ep in zip(episode_ids, self._kind.open(game_dir, len(episode_ids)), strict=True):
                 ob = ep.reset()
                 self._episodes[eid] = ep
-                out.append((ob.obs, ob.admissible, ob.won))
+                out.append(_result(ob, self._kind.task(ob)))
         except (OSError, ValueError, GameError) as exc:
             for eid in episode_ids:
                 self._episodes.pop(eid, None)
-            return f"{game_file}: {exc}"
+            return f"{self._kind.game_file(game_dir)}: {exc}"
         self._stats.resets += 1
         self._stats.reset_s += time.perf_counter() - start
         return out
 
-    def step(self, actions: dict[str, str]) -> dict[str, tuple[str, list[str], bool] | str]:
-        """Per episode: (obs, admissible, won), or an error string (an unknown episode, an engine error)."""
-        out: dict[str, tuple[str, list[str], bool] | str] = {}
+    def step(self, actions: dict[str, str]) -> dict[str, _Result | str]:
+        """Per episode: its observation, or an error string (an unknown episode, an engine error)."""
+        out: dict[str, _Result | str] = {}
         for eid, command in actions.items():
             ep = self._episodes.get(eid)
             if ep is None:
@@ -101,7 +161,7 @@ class EnvWorker:
                 continue
             self._stats.step_s += time.perf_counter() - start
             self._stats.steps += 1
-            out[eid] = (ob.obs, ob.admissible, ob.won)
+            out[eid] = _result(ob, "")
         return out
 
     def close(self, episode_ids: list[str]) -> None:
@@ -114,6 +174,10 @@ class EnvWorker:
         return {**self._stats.__dict__, "open": len(self._episodes)}
 
 
+def _result(ob: Observation, task: str) -> _Result:
+    return (ob.obs, list(ob.admissible), bool(ob.won), bool(ob.lost), task)
+
+
 @dataclass
 class _Slot:
     actor: object
@@ -121,17 +185,23 @@ class _Slot:
 
 
 class EnvPool:
-    """Handle over ``num_workers`` EnvWorker actors; call from the driver or inside an actor."""
+    """Handle over ``num_workers`` EnvWorker actors; call from the driver or inside an actor.
+
+    ``kind`` says which games the workers play (default: ALFWorld's, with ``parse_cache``)."""
 
     def __init__(
-        self, num_workers: int, worker_options: dict | None = None, parse_cache: bool = True
+        self,
+        num_workers: int,
+        worker_options: dict | None = None,
+        parse_cache: bool = True,
+        kind: GameKind | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"EnvPool needs at least one worker, got num_workers={num_workers}")
         if not ray.is_initialized():
             raise RuntimeError("EnvPool needs Ray: call ray.init() (or run inside a Ray actor) first")
         self._options = {"num_cpus": 1, **(worker_options or {})}
-        self._parse_cache = parse_cache
+        self._kind = kind if kind is not None else AlfworldGames(parse_cache)
         self._slots = [_Slot(self._spawn()) for _ in range(num_workers)]
         self._where: dict[str, int] = {}
         self._failed: dict[str, str] = {}
@@ -140,7 +210,7 @@ class EnvPool:
         self._reset_s: list[float] = []
 
     def _spawn(self):
-        return ray.remote(EnvWorker).options(**self._options).remote(self._parse_cache)
+        return ray.remote(EnvWorker).options(**self._options).remote(self._kind)
 
     def worker_locations(self) -> list[dict[str, object]]:
         return ray.get([s.actor.location.remote() for s in self._slots])
@@ -189,10 +259,9 @@ class EnvPool:
         raise RuntimeError(f"could not open {g} episodes of {game_dir}: every env worker died")
 
     @staticmethod
-    def _state(eid: str, result: tuple[str, list[str], bool]) -> EpisodeState:
-        obs, admissible, won = result
-        task = obs.split(_TASK_MARK, 1)[1].strip() if _TASK_MARK in obs else ""
-        return EpisodeState(eid, obs, admissible, float(won), won, won, task)
+    def _state(eid: str, result: _Result) -> EpisodeState:
+        obs, admissible, won, lost, task = result
+        return EpisodeState(eid, obs, admissible, float(won), won or lost, won, task)
 
     async def step(self, actions: dict[str, str]) -> dict[str, EpisodeState]:
         """Step many episodes at once; each worker gets one call for all its episodes."""

@@ -22,11 +22,12 @@ from typing import Any
 
 import httpx
 
+from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.gate import Gate, build_gate
 from selective_rollout.integrations.episodes import ThreadedEpisode
 from selective_rollout.integrations.live_group import LiveGroup
 from selective_rollout.rollout.actions import parse_action
-from selective_rollout.rollout.prompts import SYSTEM_PROMPTS, user_text
+from selective_rollout.rollout.prompts import system_prompt, user_text
 
 
 @dataclass
@@ -97,7 +98,7 @@ async def _sample(
 ) -> SampleResult:
     res = SampleResult()
     episode, ob = await ThreadedEpisode.open(game_dir)
-    messages = [{"role": "system", "content": SYSTEM_PROMPTS["react"]}]
+    messages = [{"role": "system", "content": system_prompt("react", Alfworld.prompt)}]
     try:
         for step in range(cfg.max_steps):
             messages.append({"role": "user", "content": user_text(ob.obs, ob.admissible)})

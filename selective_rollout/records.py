@@ -35,6 +35,15 @@ def rewards_equal(rewards: Sequence[float]) -> bool:
     return bool(rewards) and max(rewards) - min(rewards) <= REWARD_TOL
 
 
+@dataclass(frozen=True)
+class Task:
+    """One prompt of the task stream: a game (the folder its environment plays) and its identity."""
+
+    game_dir: str
+    task_id: str
+    task_type: str
+
+
 class Outcome(str, Enum):
     """What happened to a group; decides whether it reaches the learner."""
 

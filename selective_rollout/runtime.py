@@ -10,10 +10,9 @@ import random
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 from selective_rollout.config import RunConfig
-from selective_rollout.rollout.coordinator import Task
+from selective_rollout.records import Task
 
 log = logging.getLogger(__name__)
 
@@ -72,28 +71,8 @@ def _keep_local_cluster_on_loopback() -> None:
 
 
 def _games(cfg: RunConfig, split: str) -> list[Task]:
-    from alfworld_env import ensure_games, load_games, load_generated
-
-    env = cfg.env
-    if env.source == "official":
-        games = load_games(Path(env.games_dir), split, source="official")
-    else:
-        default_home = Path(env.games_dir) == Path("data/games") / env.preset
-        if env.generate or default_home:
-            if not (Path(env.games_dir) / split).is_dir():
-                log.warning(
-                    "generating the %s games (seed %d) into %s", env.preset, env.games_seed, env.games_dir
-                )
-            ensure_games(
-                env.games_dir,
-                preset=env.preset,
-                n_train=env.n_train,
-                n_valid=env.n_valid,
-                seed=env.games_seed,
-            )
-        n = env.n_train if split == "train" else env.n_valid
-        games = load_generated(env.games_dir, split, env.preset, env.games_seed, n)
-    return [Task(g.game_dir, g.task_id, g.task_type) for g in games]
+    """The split's tasks from the run's environment (which generates missing games where allowed)."""
+    return cfg.env.build().tasks(split)
 
 
 def held_out_tasks(cfg: RunConfig) -> list[Task]:

@@ -1,9 +1,10 @@
-"""SFT warm start: behaviour-clone the solver's walkthroughs before RL.
+"""SFT warm start: behaviour-clone the generator's walkthroughs before RL.
 
 Unprompted SmolLM2-135M wins nothing on ALFWorld, and GRPO learns nothing from groups that
 all fail; standard practice for agent RL is a short supervised warm start. Each train game's
-walkthrough (written by our scripted solver) is replayed in the real ALFWorld engine to get the
-observations and admissible commands the policy will see, and rendered with the *same* prompt
+walkthrough (the environment's: ALFWorld's from our scripted solver, TextWorld Cooking's from
+its generator) is replayed in the environment's real engine to get the observations and
+admissible commands the policy will see, and rendered with the *same* prompt
 format and token-level dialogue building as RL rollouts (``Agent`` / ``Conversation``), so the
 cloned policy is evaluated and trained in exactly the format it learned. The loss is the mean
 negative log-likelihood of the expert's reply tokens (the RL loss mask), over the trainer's
@@ -32,10 +33,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
-from selective_rollout.records import Experience
+from selective_rollout.records import Experience, Task
 
 if TYPE_CHECKING:
-    from alfworld_env import GameInfo
+    from selective_rollout.envs import Environment
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +48,20 @@ def expert_reply(action: str, action_format: str) -> str:
     return action
 
 
-def expert_dialogue(game_dir: str | Path, agent, max_steps: int) -> list[Experience]:
-    """Replay a game's walkthrough in the real engine and render it as training sequences
-    (one per history-window segment, exactly as RL rollouts are packed)."""
-    from alfworld_env.engine import Episode
-
-    game = json.loads((Path(game_dir) / "game.tw-pddl").read_text())
-    walkthrough = list(game.get("walkthrough") or [])
+def expert_dialogue(game_dir: str | Path, agent, max_steps: int, env: Environment) -> list[Experience]:
+    """Replay a game's walkthrough in the environment's engine and render it as training
+    sequences (one per history-window segment, exactly as RL rollouts are packed)."""
+    walkthrough = env.walkthrough(str(game_dir))
     if not walkthrough:
         raise ValueError(f"{game_dir}: the game has no walkthrough to clone")
     if len(walkthrough) > max_steps:
         raise ValueError(
             f"{game_dir}: walkthrough of {len(walkthrough)} steps exceeds rollout.max_steps={max_steps}"
         )
-    episode = Episode(game)
+    episode = env.episode(str(game_dir))
     try:
         first = episode.reset()
-        task = first.obs.split("Your task is to:", 1)[-1].strip()
+        task = env.task_of(first)
         conv = agent.start(task, first.obs, first.admissible)
         segments = [(list(conv.prompt_ids), [0] * len(conv.prompt_ids))]
         tokenizer = agent.builder.tokenizer
@@ -75,7 +73,7 @@ def expert_dialogue(game_dir: str | Path, agent, max_steps: int) -> list[Experie
             segments[-1][1].extend([1] * len(ids))
             ob = episode.step(action)
             won = ob.won
-            if won:
+            if ob.done:
                 break
             conv.add_completion(ids, reply)
             appended, new_segment = conv.extend(ob.obs, ob.admissible)
@@ -143,8 +141,7 @@ def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
     ws, t = cfg.warm_start, cfg.trainer
     fields = [
         str(model_path),
-        str(Path(cfg.env.games_dir).resolve()),
-        cfg.env.preset,
+        *cfg.env.build().cache_key(),  # alfworld: games folder, preset (the key as it always was)
         ws.games,
         ws.epochs,
         ws.lr,
@@ -159,18 +156,13 @@ def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
     return hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:16]
 
 
-def warm_start_games(cfg: RunConfig, games_root: str | Path) -> list[GameInfo]:
-    """The first ``warm_start.games`` train games. Generated games are taken in generation order,
-    which deals the six task types round-robin; the folders' name order would clone the
-    alphabetically first types only (the first 24 of 40 held no heat and no two-object task)."""
-    from alfworld_env import load_games, load_generated
-
-    env = cfg.env
-    if env.source == "generated":
-        games = load_generated(games_root, "train", env.preset, env.games_seed, env.n_train)
-    else:
-        games = load_games(games_root, "train", source="official")
-    return games[: cfg.warm_start.games]
+def warm_start_games(cfg: RunConfig, games_root: str | Path) -> list[Task]:
+    """The first ``warm_start.games`` train games of ``games_root``. Generated games are taken in
+    generation order, which for ALFWorld deals the six task types round-robin; the folders' name
+    order would clone the alphabetically first types only (the first 24 of 40 held no heat and
+    no two-object task)."""
+    env = cfg.env.model_copy(update={"games_dir": str(games_root)}).build()
+    return env.tasks("train")[: cfg.warm_start.games]
 
 
 def build_warm_start(
@@ -179,9 +171,10 @@ def build_warm_start(
     """Clone the walkthroughs of ``warm_start_games`` into ``out_dir`` (written atomically)."""
     from selective_rollout.rollout.agent import Agent
 
-    agent = Agent.from_model(cfg.agent, model_path)
+    env = cfg.env.build()
+    agent = Agent.from_model(cfg.agent, model_path, env.prompt)
     games = warm_start_games(cfg, games_root)
-    data = [e for g in games for e in expert_dialogue(g.game_dir, agent, cfg.rollout.max_steps)]
+    data = [e for g in games for e in expert_dialogue(g.game_dir, agent, cfg.rollout.max_steps, env)]
     staging = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -204,7 +197,7 @@ def warm_start_model(cfg: RunConfig, model_path: Path) -> Path:
     log.info(
         "warm start: cloning %d walkthroughs into %s (first use; cached after)", cfg.warm_start.games, out
     )
-    build_warm_start(cfg, model_path, cfg.env.games_dir, out)
+    build_warm_start(cfg, model_path, cfg.env.build().games_dir, out)
     return out
 
 

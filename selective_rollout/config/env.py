@@ -1,41 +1,75 @@
-"""Config of the environment side (alfworld_env): which games, how many env workers."""
+"""Config of the environment side (selective_rollout.envs): which environment, which games, how
+many env workers.
 
-from typing import Literal
+The section holds what every environment shares (``name``, the games folder and set sizes, the
+workers) and, as flat keys, the parameters of the selected environment (``env.preset=medium``
+for ALFWorld, ``env.level=hard`` for TextWorld Cooking), declared by the environment's own
+``Params`` model in the registry: a new environment needs no change here.
+"""
 
-from pydantic import Field, field_validator
+from __future__ import annotations
 
-from selective_rollout.config.base import Section
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from selective_rollout.config.base import Section, entry_params
+from selective_rollout.envs import ENVS, env_class  # the package registers the shipped environments
+
+if TYPE_CHECKING:
+    from selective_rollout.envs.base import Environment
 
 
 class EnvConfig(Section):
-    """The games and the env workers that play them (docs/environment.md)."""
+    """The environment, its games and the env workers that play them (docs/environment.md).
 
-    source: Literal["generated", "official"] = Field(
-        "generated",
-        description="generated: our offline ALFWorld-domain games; official: $ALFWORLD_DATA/json_2.1.1",
+    Besides the keys below, the selected environment's own parameters are keys of this section;
+    any other key is refused with one line naming it.
+    """
+
+    # the selected environment's own parameters are extra keys, checked by _own_params below
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(
+        "alfworld",
+        description="a registered environment: alfworld (ALFWorld households), tw-cooking (TextWorld "
+        "Cooking), or your own (docs/environment.md); its own keys are listed below",
     )
-    games_dir: str = Field(
-        "data/games/tiny",
-        description="games root; generated games are made there when missing only for data/games/<preset> "
-        "or with env.generate",
+    games_dir: str | None = Field(
+        None,
+        description="games root; unset: the environment's own folder (data/games/<preset> for alfworld, "
+        "data/games/tw-cooking-<level> for tw-cooking), where missing games are generated; elsewhere "
+        "only with env.generate",
     )
     generate: bool = Field(
-        False, description="generate missing games into a games_dir other than data/games/<preset>"
-    )
-    preset: str = Field(
-        "tiny",
-        description="difficulty of generated games: one of alfworld_env.PRESETS (tiny, medium, small, "
-        "full), or a mix such as tiny+small, dealt in blocks of six games",
+        False, description="generate missing games into a games_dir other than the environment's own folder"
     )
     games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
     n_train: int = Field(60, ge=1, description="generated train games")
     n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
     num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
 
-    @field_validator("preset")
+    @field_validator("name")
     @classmethod
-    def _known_preset(cls, value: str) -> str:
-        from alfworld_env.generate import preset_of  # the generator owns the presets
+    def _registered(cls, name: str) -> str:
+        if name not in ENVS:
+            env_class(name)  # raises ValueError naming the registered environments
+        return name
 
-        preset_of(value, 0)  # raises ValueError naming the known presets
-        return value
+    @model_validator(mode="before")
+    @classmethod
+    def _own_params(cls, data: Any) -> Any:
+        """Refuse a key no environment owns or the selected one does not own; validate the rest
+        with the selected environment's ``Params`` and fill in its defaults."""
+        if not isinstance(data, dict):
+            return data
+        return entry_params(cls, data, ENVS, lambda e: e.own_params(), _validate_own, "environment")
+
+    def build(self) -> Environment:
+        """The selected environment, bound to this section (what the coordinator, the task
+        source and the warm start use)."""
+        return env_class(self.name)(self)
+
+
+def _validate_own(env: type[Environment], given: dict[str, Any]) -> dict[str, Any]:
+    return env.Params.model_validate(given).model_dump()

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from selective_rollout.config.base import Section
+from selective_rollout.config.base import Section, entry_params
 from selective_rollout.gate.policies import GATES, Gate, GateParams, Mode, build_gate
 
 
@@ -55,24 +54,12 @@ class GateConfig(Section):
         parameter the gate runs with (a dumped config says exactly what ran)."""
         if not isinstance(data, dict):
             return data
-        extra = {key: v for key, v in data.items() if key not in cls.model_fields}
-        gate = GATES.get(data.get("name", cls.model_fields["name"].default))
-        owners = {key: sorted(n for n, g in GATES.items() if key in g.own_params()) for key in extra}
-        errors: list[InitErrorDetails] = []
-        for key, value in extra.items():
-            if not owners[key]:
-                errors.append({"type": "extra_forbidden", "loc": (key,), "input": value})
-            elif gate is not None and key not in gate.own_params():
-                message = f"gate {gate.name!r} has no such parameter ({', '.join(owners[key])} has)"
-                error = PydanticCustomError("foreign_gate_key", message)
-                errors.append({"type": error, "loc": (key,), "input": value})
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        if gate is None:  # an unknown name: the name's validator says so
-            return data
-        own = gate.Params.model_validate(extra).model_dump(include=set(gate.own_params()))
-        return {**data, **own}
+        return entry_params(cls, data, GATES, lambda g: g.own_params(), _validate_own, "gate")
 
     def build(self) -> Gate:
         """The selected gate with the shared parameters and its own (what the coordinator runs)."""
         return build_gate(self.name, k=self.k, mode=self.mode, **(self.model_extra or {}))
+
+
+def _validate_own(gate: type[Gate], given: dict[str, Any]) -> dict[str, Any]:
+    return gate.Params.model_validate(given).model_dump(include=set(gate.own_params()))

@@ -7,15 +7,18 @@ A test compares the committed file with this output.
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from selective_rollout.config.env import EnvConfig
 from selective_rollout.config.gate import GateConfig
 from selective_rollout.config.schema import RunConfig
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.envs import ENVS
 from selective_rollout.gate.policies import GATES
 
 INTRO = """# Configuration reference
@@ -29,7 +32,8 @@ Unknown keys and invalid values are rejected with one error line naming the key.
 
 Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),
 `alfworld_qwen2.5_7b_grpo.yaml` (the paper's setup on one 8-GPU node),
-`alfworld_qwen2.5_7b_multinode.yaml` (the same across nodes).
+`alfworld_qwen2.5_7b_multinode.yaml` (the same across nodes), `cpu_textworld.yaml` (the CPU profile on
+TextWorld Cooking, the second environment).
 """
 TABLE_HEAD = "| key | type | default | constraint | meaning |"
 TABLE_RULE = "|---|---|---|---|---|"
@@ -64,7 +68,7 @@ def _row(key: str, info: FieldInfo) -> str:
 
 def _entry_rows(heading: str, doc: str | None, fields: dict[str, FieldInfo], prefix: str) -> list[str]:
     """One registered entry (a gate, a loss): its heading, first doc paragraph and own parameters."""
-    out = [f"### `{heading}`", "", (doc or "").strip().split("\n\n")[0].replace("\n", " "), ""]
+    out = [f"### `{heading}`", "", inspect.cleandoc(doc or "").split("\n\n")[0].replace("\n", " "), ""]
     if not fields:
         return out + ["No parameters of its own.", ""]
     rows = [_row(f"{prefix}{key}", info) for key, info in fields.items()]
@@ -78,6 +82,15 @@ def _gate_rows(prefix: str) -> list[str]:
     for name, gate in sorted(GATES.items()):
         if not gate.offline_only:
             out += _entry_rows(f"{prefix}name: {name}", gate.__doc__, gate.own_params(), prefix)
+    return out
+
+
+def _env_rows(prefix: str) -> list[str]:
+    """Each registered environment's own parameters (flat keys of the env section, accepted only
+    with that environment selected)."""
+    out = []
+    for name, env in sorted(ENVS.items()):
+        out += _entry_rows(f"{prefix}name: {name}", env.__doc__, env.own_params(), prefix)
     return out
 
 
@@ -110,6 +123,8 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         out += rows + [""]
     if model is GateConfig:
         out += _gate_rows(prefix)
+    if model is EnvConfig:
+        out += _env_rows(prefix)
     if model is TrainerConfig:
         out += _loss_rows(prefix)
     for section_prefix, section in sections:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from selective_rollout.config.agent import AgentConfig
+from selective_rollout.envs.alfworld import Alfworld
+from selective_rollout.envs.base import PromptText
 from selective_rollout.rollout.actions import ParsedAction, parse_action
 from selective_rollout.rollout.engines.base import SamplingParams
 from selective_rollout.rollout.prompts import PromptBuilder, user_text
@@ -97,15 +99,19 @@ class Conversation:
 class Agent:
     """Prompt format, parsing and constrained choice for one model's tokenizer."""
 
-    def __init__(self, cfg: AgentConfig, tokenizer: Any) -> None:
+    def __init__(self, cfg: AgentConfig, tokenizer: Any, game: PromptText = Alfworld.prompt) -> None:
         self.cfg = cfg
-        self.builder = PromptBuilder(tokenizer, cfg.action_format, cfg.admissible_in_prompt == "every_turn")
+        every_turn = cfg.admissible_in_prompt == "every_turn"
+        self.builder = PromptBuilder(tokenizer, cfg.action_format, every_turn, game)
 
     @classmethod
-    def from_model(cls, cfg: AgentConfig, model_path: str | Path) -> Agent:
+    def from_model(
+        cls, cfg: AgentConfig, model_path: str | Path, game: PromptText = Alfworld.prompt
+    ) -> Agent:
+        """The agent for ``model_path``'s tokenizer, worded for ``game`` (the environment's prompt)."""
         from transformers import AutoTokenizer
 
-        return cls(cfg, AutoTokenizer.from_pretrained(str(model_path)))
+        return cls(cfg, AutoTokenizer.from_pretrained(str(model_path)), game)
 
     def start(self, task: str, obs: str, admissible: Sequence[str]) -> Conversation:
         every_turn = self.cfg.admissible_in_prompt == "every_turn"

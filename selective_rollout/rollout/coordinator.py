@@ -25,11 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayActorError, RayTaskError
 
-from alfworld_env.errors import GameError
 from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.gate import NoGate
-from selective_rollout.records import Experience, GroupRecord, GroupWriter, Outcome, Step, TrajectoryStatus
+from selective_rollout.records import (
+    Experience,
+    GroupRecord,
+    GroupWriter,
+    Outcome,
+    Step,
+    Task,
+    TrajectoryStatus,
+)
 from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.rollout.engines import SamplingParams
 from selective_rollout.rollout.group import GroupRun, TrajectoryRun
@@ -41,15 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKER_DIED = (RayActorError, RayTaskError, ConnectionError)
-
-
-@dataclass(frozen=True)
-class Task:
-    """One prompt of the task stream: a game and its identity."""
-
-    game_dir: str
-    task_id: str
-    task_type: str
 
 
 class GroupFailed(RuntimeError):
@@ -72,7 +70,9 @@ class RolloutBatch:
 
 
 class GroupCoordinator:
-    """Runs gated group rollouts over engines (Ray actors) and an EnvPool.
+    """Runs gated group rollouts over engines (Ray actors) and an environment's pool
+    (``selective_rollout.envs.EnvPool``); the run's environment (``cfg.env``) gives the reward
+    rule and says which errors mean an unplayable game.
 
     Wrap it with ``ray.remote`` to run it as an actor (see ``create_coordinator``); it is also
     usable in-process, which is how its unit tests drive it.
@@ -92,6 +92,7 @@ class GroupCoordinator:
         self.rc = cfg.rollout
         self.engines = list(engines)
         self.env = env_pool
+        self.environment = cfg.env.build()
         self.agent = agent
         self.strategy = build_strategy(
             self.rc.strategy, window=self.rc.preskip_window, explore=self.rc.preskip_explore, seed=cfg.seed
@@ -263,7 +264,7 @@ class GroupCoordinator:
     async def _open_group(self, task: Task, group: GroupRun) -> None:
         try:
             states = await self.env.reset_group(task.game_dir, self.rc.group_size)
-        except GameError as exc:
+        except self.environment.game_errors() as exc:
             raise BadGame(f"task {task.task_id}: bad game {exc}") from None
         except WORKER_DIED as exc:
             raise GroupFailed(f"env worker died while opening {task.task_id}: {exc}") from exc
@@ -394,6 +395,8 @@ class GroupCoordinator:
             traj.status = TrajectoryStatus.FINISHED
         elif len(traj.steps) >= self.rc.max_steps:
             traj.status = TrajectoryStatus.TRUNCATED
+        if not traj.live:
+            traj.reward = self.environment.reward(state)
         else:
             traj.admissible = state.admissible
             traj.conversation.add_completion(out.token_ids, out.text)
@@ -489,9 +492,9 @@ def _mean(values: Sequence[bool]) -> float:
 
 
 class CoordinatorActor:
-    """The coordinator as a Ray actor: builds its own EnvPool and Agent next to the loop.
+    """The coordinator as a Ray actor: builds the environment's pool and the Agent next to the loop.
 
-    The EnvPool lives inside this actor so that environment calls go straight from the
+    The pool lives inside this actor so that environment calls go straight from the
     coordinator to the env workers without a hop through the driver.
     """
 
@@ -503,12 +506,12 @@ class CoordinatorActor:
         run_dir: str | None,
         env_worker_options: dict[str, Any] | None = None,
     ) -> None:
-        from alfworld_env import EnvPool
         from selective_rollout.rollout.agent import Agent
 
         cfg = RunConfig.model_validate(cfg_data)
-        self.pool = EnvPool(cfg.env.num_workers, env_worker_options)
-        agent = Agent.from_model(cfg.agent, model_path)
+        environment = cfg.env.build()
+        self.pool = environment.pool(env_worker_options)
+        agent = Agent.from_model(cfg.agent, model_path, environment.prompt)
         self.coordinator = GroupCoordinator(cfg, engines, self.pool, agent, run_dir)
 
         self.evaluator = GroupCoordinator(evaluation_config(cfg), engines, self.pool, agent, None)

@@ -56,6 +56,7 @@ class TrajectoryRun:
     steps: list[Step] = field(default_factory=list)
     status: TrajectoryStatus | None = None  # None while live
     won: bool = False
+    reward: float = 0.0  # the environment's reward rule on the last state, once it ended
     request_id: str | None = None  # the engine request in flight, if any
     conversation: Any = None  # the agent's token-level dialogue state
     admissible: list[str] = field(default_factory=list)
@@ -74,7 +75,7 @@ class TrajectoryRun:
 
     def record(self, status: TrajectoryStatus | None = None) -> Trajectory:
         status = status or self.status or TrajectoryStatus.CUT
-        reward = None if status in (TrajectoryStatus.CUT, TrajectoryStatus.FAILED) else float(self.won)
+        reward = None if status in (TrajectoryStatus.CUT, TrajectoryStatus.FAILED) else self.reward
         return Trajectory(self.index, list(self.steps), reward=reward, won=self.won, status=status)
 
 
@@ -151,11 +152,11 @@ class GroupRun:
         return Outcome.COMPLETED if keep else Outcome.FILTERED
 
     def zero_variance(self) -> bool | None:
-        """Whether the finished group's rewards (``float(won)``, as its record says) are all equal;
-        None when they are unknown (failed, or cut without audit)."""
+        """Whether the finished group's rewards (the environment's rule, as its record says) are all
+        equal; None when they are unknown (failed, or cut without audit)."""
         if self.failure is not None or self.stopped:
             return None
-        return rewards_equal([float(t.won) for t in self.trajectories])
+        return rewards_equal([t.reward for t in self.trajectories])
 
     def to_record(self, iteration: int, outcome: Outcome, meta: dict) -> GroupRecord:
         status = TrajectoryStatus.FAILED if outcome is Outcome.FAILED else None
@@ -185,7 +186,7 @@ class GroupRun:
                             token_ids=list(seg.token_ids),
                             loss_mask=list(seg.loss_mask),
                             old_logprobs=list(seg.logprobs),
-                            reward=float(t.won),
+                            reward=t.reward,
                             trajectory=t.index,
                         )
                     )

@@ -13,28 +13,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from selective_rollout.envs.alfworld import Alfworld
+from selective_rollout.envs.base import PromptText
+
 ActionFormat = Literal["react", "action"]
 
-SYSTEM_PROMPTS: dict[str, str] = {
-    "action": (
-        "You are an agent in a household text game. Each turn you see what happened and the list of "
-        "admissible actions. Reply with exactly one admissible action, copied verbatim, and nothing else."
-    ),
+# how the reply is asked for, per action format; the game's name comes from the environment
+_REPLY_FORMATS: dict[str, str] = {
+    "action": "Reply with exactly one admissible action, copied verbatim, and nothing else.",
     "react": (
-        "You are an agent in a household text game. Each turn you see what happened and the list of "
-        "admissible actions. Reply in exactly this form:\n"
+        "Reply in exactly this form:\n"
         "Thought: <one short sentence of reasoning>\n"
         "Action: <one admissible action, copied verbatim>"
     ),
 }
 
-# The action format when the admissible list is not re-sent every turn (agent.admissible_in_prompt):
-# decoding is constrained to the admissible commands, so the list is a hint, not a contract.
-SYSTEM_PROMPT_UNLISTED = (
-    "You are an agent in a household text game. Each turn you see what happened. Reply with exactly one "
-    "command of the game (go to, take, move, open, close, heat, cool, clean, use, examine, look, "
-    "inventory) and nothing else."
-)
+
+def system_prompt(action_format: ActionFormat, game: PromptText, lists_every_turn: bool = True) -> str:
+    """The system prompt for ``game`` (the environment's wording, ``Environment.prompt``).
+
+    With the action format and the admissible list not re-sent every turn
+    (agent.admissible_in_prompt), decoding is constrained to the admissible commands, so the
+    prompt names the game's verbs as a hint, not a contract.
+    """
+    if action_format not in _REPLY_FORMATS:
+        raise ValueError(f"action_format must be one of {sorted(_REPLY_FORMATS)}, got {action_format!r}")
+    if action_format == "action" and not lists_every_turn:
+        return (
+            f"You are an agent in {game.world}. Each turn you see what happened. Reply with exactly one "
+            f"command of the game ({game.commands}) and nothing else."
+        )
+    return (
+        f"You are an agent in {game.world}. Each turn you see what happened and the list of "
+        f"admissible actions. {_REPLY_FORMATS[action_format]}"
+    )
+
 
 _SENTINEL = "\u2063SR-SENTINEL\u2063"
 
@@ -50,16 +63,20 @@ def user_text(obs: str, admissible: Sequence[str] | None, task: str | None = Non
 
 
 class PromptBuilder:
-    """Renders and tokenises dialogue pieces with one tokenizer's chat template."""
+    """Renders and tokenises dialogue pieces with one tokenizer's chat template, for one game's
+    wording (default: the default environment's, ALFWorld)."""
 
-    def __init__(self, tokenizer: Any, action_format: ActionFormat, lists_every_turn: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        action_format: ActionFormat,
+        lists_every_turn: bool = True,
+        game: PromptText = Alfworld.prompt,
+    ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template")
-        if action_format not in SYSTEM_PROMPTS:
-            raise ValueError(f"action_format must be one of {sorted(SYSTEM_PROMPTS)}, got {action_format!r}")
+        self.system = system_prompt(action_format, game, lists_every_turn)
         self.tokenizer = tokenizer
-        unlisted = action_format == "action" and not lists_every_turn
-        self.system = SYSTEM_PROMPT_UNLISTED if unlisted else SYSTEM_PROMPTS[action_format]
         self.eot_id: int = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
 
     def _ids(self, text: str) -> list[int]:

@@ -1,0 +1,91 @@
+"""TextWorld Cooking (``env.name: tw-cooking``): the cooking games of the First TextWorld Problems
+benchmark, generated offline by textworld's ``tw-cooking`` challenge and played by the real
+TextWorld engine in ``alfworld_env.EnvPool``'s Ray workers (docs/environment.md)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from selective_rollout.envs import base as seam
+from selective_rollout.envs.base import Environment, EnvParams, PromptText, register_env
+from selective_rollout.records import Task
+
+log = logging.getLogger(__name__)
+
+
+class CookingParams(EnvParams):
+    level: str = Field(
+        "medium",
+        description="difficulty of generated tw-cooking games: easy (1 ingredient, 1 room), medium "
+        "(2 ingredients, 6 rooms, cook), hard (3 ingredients, 9 rooms); all need opening and cutting",
+    )
+
+    @field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        from selective_rollout.envs.tw_cooking.games import level_of
+
+        level_of(value)  # raises ValueError naming the levels
+        return value
+
+
+@register_env("tw-cooking")
+class TwCooking(Environment):
+    """TextWorld Cooking: read the cookbook, gather, cut and cook the ingredients, prepare and eat
+    the meal (real TextWorld engine, games generated offline by tw-make's generator)."""
+
+    Params = CookingParams
+    params: CookingParams
+    prompt = PromptText(
+        world="a text adventure about cooking a meal",
+        commands="go north/south/east/west, open, close, take, drop, examine, read, cook ... with, "
+        "slice/dice/chop ... with, prepare meal, eat meal, look, inventory",
+    )
+
+    def default_games_dir(self) -> str:
+        return str(Path("data/games") / f"tw-cooking-{self.params.level}")
+
+    def tasks(self, split: str) -> list[Task]:
+        from selective_rollout.envs.tw_cooking.games import ensure_games, load_tasks
+
+        cfg, level = self.cfg, self.params.level
+        if self.may_generate():
+            if not (self.games_dir / split).is_dir():
+                log.warning(
+                    "generating the tw-cooking %s games (seed %d) into %s",
+                    level,
+                    cfg.games_seed,
+                    self.games_dir,
+                )
+            ensure_games(self.games_dir, level, cfg.n_train, cfg.n_valid, cfg.games_seed)
+        n = cfg.n_train if split == "train" else cfg.n_valid
+        return load_tasks(self.games_dir, split, level, cfg.games_seed, n)
+
+    def cache_key(self) -> list[Any]:
+        return [*super().cache_key(), self.params.level]
+
+    def pool(self, worker_options: dict[str, Any] | None = None) -> seam.EnvPool:
+        from alfworld_env import EnvPool as TextGamePool
+        from selective_rollout.envs.tw_cooking.engine import CookingGames
+
+        return TextGamePool(self.cfg.num_workers, worker_options, kind=CookingGames())
+
+    def episode(self, game_dir: str) -> seam.Episode:
+        from selective_rollout.envs.tw_cooking.engine import CookingGames
+
+        (episode,) = CookingGames().open(game_dir, 1)
+        return episode
+
+    def walkthrough(self, game_dir: str) -> list[str]:
+        from selective_rollout.envs.tw_cooking.games import walkthrough
+
+        return walkthrough(game_dir)
+
+    def task_of(self, first: seam.Observation) -> str:
+        from selective_rollout.envs.tw_cooking.engine import CookingGames
+
+        return CookingGames().task(first)
