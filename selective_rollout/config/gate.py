@@ -2,30 +2,30 @@
 
 The section holds what every gate shares (``name``, ``k``, ``mode``) and, as flat keys, the
 parameters of the selected gate (``gate.tau=0.1``). Those are declared by the gate itself (its
-``Params`` model in the gate registry), so a new gate needs no change here: this module only
+``Params`` model in the gate registry), so a new gate needs no change here: ``EntrySection``
 checks the keys against the registry and validates them with the gate's own model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import Field
 
-from selective_rollout.config.base import Section
+from selective_rollout.config.base import EntrySection
 from selective_rollout.gate.policies import GATES, Gate, GateParams, Mode, build_gate
 
 
-class GateConfig(Section):
+class GateConfig(EntrySection):
     """The gate that stops converged groups (used by the selective strategies; docs/gate.md).
 
     Besides ``name``, ``k`` and ``mode``, the selected gate's own parameters are keys of this
     section; any other key is refused with one line naming it.
     """
 
-    # the selected gate's own parameters are extra keys, checked by _own_params below
-    model_config = ConfigDict(extra="allow")
+    selector = "name"
+    kind = "gate"
 
     name: str = Field(
         "prefix_edit",
@@ -36,42 +36,16 @@ class GateConfig(Section):
     k: int = GateParams.model_fields["k"]
     mode: Mode = GateParams.model_fields["mode"]
 
-    @field_validator("name")
     @classmethod
-    def _registered(cls, name: str) -> str:
-        gate = GATES.get(name)
-        online = sorted(n for n, g in GATES.items() if not g.offline_only)
-        if gate is None:
-            raise ValueError(f"unknown gate {name!r}; known: {', '.join(online)}")
-        if gate.offline_only:
-            raise ValueError(f"gate {name!r} needs final rewards (offline only); use one of {online}")
-        return name
+    def entries(cls) -> Mapping[str, Any]:
+        """The gates a run can use: those that need final rewards are for offline evaluation."""
+        return {name: gate for name, gate in GATES.items() if not gate.offline_only}
 
-    @model_validator(mode="before")
     @classmethod
-    def _own_params(cls, data: Any) -> Any:
-        """Refuse a key no gate owns or the selected gate does not own, validate the rest with the
-        selected gate's ``Params`` and fill in its defaults, so the section always holds every
-        parameter the gate runs with (a dumped config says exactly what ran)."""
-        if not isinstance(data, dict):
-            return data
-        extra = {key: v for key, v in data.items() if key not in cls.model_fields}
-        gate = GATES.get(data.get("name", cls.model_fields["name"].default))
-        owners = {key: sorted(n for n, g in GATES.items() if key in g.own_params()) for key in extra}
-        errors: list[InitErrorDetails] = []
-        for key, value in extra.items():
-            if not owners[key]:
-                errors.append({"type": "extra_forbidden", "loc": (key,), "input": value})
-            elif gate is not None and key not in gate.own_params():
-                message = f"gate {gate.name!r} has no such parameter ({', '.join(owners[key])} has)"
-                error = PydanticCustomError("foreign_gate_key", message)
-                errors.append({"type": error, "loc": (key,), "input": value})
-        if errors:
-            raise ValidationError.from_exception_data(cls.__name__, errors)
-        if gate is None:  # an unknown name: the name's validator says so
-            return data
-        own = gate.Params.model_validate(extra).model_dump(include=set(gate.own_params()))
-        return {**data, **own}
+    def unknown(cls, name: str) -> str:
+        if name in GATES:
+            return f"gate {name!r} needs final rewards (offline only); use one of {sorted(cls.entries())}"
+        return super().unknown(name)
 
     def build(self) -> Gate:
         """The selected gate with the shared parameters and its own (what the coordinator runs)."""
