@@ -122,11 +122,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     for name in args.engines:
         try:
             cls = engine_class(name)
+            flags = {"threads": args.threads, "gpu_memory_utilization": args.gpu_mem}
+            own = {key: value for key, value in flags.items() if key in cls.Params.model_fields}
             t = time.perf_counter()
-            engine = cls(
-                EngineConfig(backend=name, threads=args.threads, gpu_memory_utilization=args.gpu_mem),
-                model_path,
-            )
+            engine = cls(EngineConfig(backend=name, **own), model_path)
             start_s = time.perf_counter() - t
         except Exception as exc:  # an engine this machine lacks is reported, not fatal
             print(f"{name}: not available here ({exc})".splitlines()[0])

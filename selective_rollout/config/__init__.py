@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
+from selective_rollout.config.base import EntrySection
 from selective_rollout.config.schema import RunConfig
 
 
@@ -34,6 +35,29 @@ def _format_validation_error(err: ValidationError) -> str:
         else:
             parts.append(f"{key}: {str(e['msg']).removeprefix('Value error, ')} (got {e.get('input')!r})")
     return "; ".join(parts)
+
+
+def _drop_replaced_entry_keys(base: Any, overrides: Any) -> None:
+    """An override that selects another entry (``engine.backend=vllm`` over a file with
+    ``backend: transformers``, ``gate.name=two_axis``) replaces the file's entry, and with it the
+    file's keys of that entry that the new one does not own (``engine.threads``): overrides cannot
+    delete keys, so otherwise a profile could never be run on another back-end from the command
+    line. Keys given as overrides are still checked against the selected entry."""
+    for name, info in RunConfig.model_fields.items():
+        section = info.annotation
+        if not (isinstance(section, type) and issubclass(section, EntrySection)):
+            continue
+        old_section, new_section = base.get(name), overrides.get(name)
+        if not (OmegaConf.is_dict(old_section) and OmegaConf.is_dict(new_section)):
+            continue
+        default = section.model_fields[section.selector].default
+        old, new = old_section.get(section.selector, default), new_section.get(section.selector)
+        entries = section.entries()
+        if new is None or new == old or old not in entries:
+            continue
+        keep = section.own_params(new) if new in entries else {}
+        for key in set(section.own_params(old)) - set(keep):
+            old_section.pop(key, None)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
@@ -64,7 +88,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+        given = OmegaConf.from_dotlist(list(overrides))
+        _drop_replaced_entry_keys(base, given)
+        merged = OmegaConf.merge(base, given)
         data: Any = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad override or interpolation: {exc}".splitlines()[0]) from exc

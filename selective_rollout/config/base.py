@@ -1,15 +1,17 @@
-"""The strict base model every config section derives from, and the check of a registered
-entry's own keys (a gate's, an environment's) in its section."""
+"""The strict base model every config section derives from, and the base of the sections that
+select a registered entry (a gate, a rollout strategy, an engine back-end) whose parameters are
+flat keys of the section."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-T = TypeVar("T")
+P = TypeVar("P", bound=BaseModel)
 
 
 class Section(BaseModel):
@@ -18,36 +20,80 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
-def entry_params(
-    section: type[Section],
-    data: dict[str, Any],
-    registry: Mapping[str, T],
-    own: Callable[[T], Mapping[str, Any]],
-    validate: Callable[[T, dict[str, Any]], dict[str, Any]],
-    kind: str,
-) -> dict[str, Any]:
-    """``data`` of a section whose selected registry entry (``data["name"]``) owns flat keys:
-    refuse a key no entry owns or the selected entry does not own, naming the key, then validate
-    the rest with ``validate(entry, keys)`` (the entry's ``Params``), which also fills in its
-    defaults, so a dumped config says exactly what ran. An unknown name is left to the name's own
-    validator.
+class EntrySection(Section):
+    """A section whose ``selector`` key names an entry of a registry, each entry declaring its own
+    parameters in a ``Params`` model (with defaults, bounds and descriptions).
 
-    ``own(entry)`` gives an entry's own keys; ``kind`` words the errors ("gate").
+    The selected entry's own parameters are flat keys of the section (``gate.tau``,
+    ``rollout.preskip_window``, ``engine.threads``), so a new entry needs no change to the config:
+    an unregistered name, a key another entry owns (the line says who owns it) and a key nobody
+    owns are each one error naming the key, and the selected entry's missing keys take its
+    defaults (a dumped config says exactly what ran). A ``Params`` field that is also a key of the
+    section is shared: the entry reads the section's value (``params_for``) and does not own it.
+
+    A subclass sets ``selector`` and ``kind`` (the word in error messages) and returns its
+    registry from ``entries``; the registries may live above config (DESIGN.md 2.1.1), so
+    ``entries`` reads them when a config is validated, never at import.
     """
-    name = data.get("name", section.model_fields["name"].default)
-    selected = registry.get(name)
-    extra = {key: v for key, v in data.items() if key not in section.model_fields}
-    owners = {key: sorted(n for n, e in registry.items() if key in own(e)) for key in extra}
-    errors: list[InitErrorDetails] = []
-    for key, value in extra.items():
-        if not owners[key]:
-            errors.append({"type": "extra_forbidden", "loc": (key,), "input": value})
-        elif selected is not None and key not in own(selected):
-            message = f"{kind} {name!r} has no such parameter ({', '.join(owners[key])} has)"
-            error = PydanticCustomError(f"foreign_{kind}_key", message)
-            errors.append({"type": error, "loc": (key,), "input": value})
-    if errors:
-        raise ValidationError.from_exception_data(section.__name__, errors)
-    if selected is None:
-        return data
-    return {**data, **validate(selected, extra)}
+
+    # the selected entry's own parameters are extra keys, checked by _own_params below
+    model_config = ConfigDict(extra="allow")
+
+    selector: ClassVar[str]
+    kind: ClassVar[str]
+
+    @classmethod
+    def entries(cls) -> Mapping[str, Any]:
+        """The classes this section may select, by name: each one's ``Params`` declares its
+        parameters and its docstring describes it in the configuration reference. Only the
+        entries looked up are loaded, so a mapping may import an entry's module on lookup."""
+        raise NotImplementedError
+
+    @classmethod
+    def unknown(cls, name: str) -> str:
+        """The error for a name the section cannot select."""
+        return f"unknown {cls.kind} {name!r}; known: {', '.join(sorted(cls.entries()))}"
+
+    @classmethod
+    def own_params(cls, name: str) -> dict[str, FieldInfo]:
+        """Entry ``name``'s own parameters (its ``Params`` fields that are not the section's)."""
+        fields = cls.entries()[name].Params.model_fields
+        return {key: info for key, info in fields.items() if key not in cls.model_fields}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_params(cls, data: Any) -> Any:
+        """Refuse an unregistered name, a key no entry owns or the selected entry does not own;
+        validate the rest with the selected entry's ``Params`` and fill in its defaults. Other
+        entries are looked up only to name a misplaced key's owner."""
+        if not isinstance(data, dict):
+            return data
+        selected = data.get(cls.selector, cls.model_fields[cls.selector].default)
+        if not isinstance(selected, str):  # the selector's own type check says so
+            return data
+        entries = cls.entries()
+        extra = {key: value for key, value in data.items() if key not in cls.model_fields}
+        errors: list[InitErrorDetails] = []
+        own = cls.own_params(selected) if selected in entries else None
+        if own is None:
+            error = PydanticCustomError("unknown_entry", cls.unknown(selected))
+            errors.append({"type": error, "loc": (cls.selector,), "input": selected})
+        for key, value in extra.items():
+            if own is not None and key in own:
+                continue
+            owners = [name for name in sorted(entries) if name != selected and key in cls.own_params(name)]
+            if not owners:
+                errors.append({"type": "extra_forbidden", "loc": (key,), "input": value})
+            elif own is not None:
+                message = f"{cls.kind} {selected!r} has no such parameter ({', '.join(owners)} has)"
+                error = PydanticCustomError("foreign_key", message)
+                errors.append({"type": error, "loc": (key,), "input": value})
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        params = entries[selected].Params.model_validate(extra)
+        return {**data, **params.model_dump(include=set(own or ()))}
+
+    def params_for(self, model: type[P]) -> P:
+        """``model`` (the selected entry's ``Params``) bound to this section's values: its own keys
+        and the shared ones it declares."""
+        return model.model_validate({key: getattr(self, key) for key in model.model_fields})

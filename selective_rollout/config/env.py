@@ -9,26 +9,27 @@ for ALFWorld, ``env.level=hard`` for TextWorld Cooking), declared by the environ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field
 
-from selective_rollout.config.base import Section, entry_params
+from selective_rollout.config.base import EntrySection
 from selective_rollout.envs import ENVS, env_class  # the package registers the shipped environments
 
 if TYPE_CHECKING:
     from selective_rollout.envs.base import Environment
 
 
-class EnvConfig(Section):
+class EnvConfig(EntrySection):
     """The environment, its games and the env workers that play them (docs/environment.md).
 
     Besides the keys below, the selected environment's own parameters are keys of this section;
     any other key is refused with one line naming it.
     """
 
-    # the selected environment's own parameters are extra keys, checked by _own_params below
-    model_config = ConfigDict(extra="allow")
+    selector = "name"
+    kind = "environment"
 
     name: str = Field(
         "alfworld",
@@ -49,27 +50,11 @@ class EnvConfig(Section):
     n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
     num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
 
-    @field_validator("name")
     @classmethod
-    def _registered(cls, name: str) -> str:
-        if name not in ENVS:
-            env_class(name)  # raises ValueError naming the registered environments
-        return name
-
-    @model_validator(mode="before")
-    @classmethod
-    def _own_params(cls, data: Any) -> Any:
-        """Refuse a key no environment owns or the selected one does not own; validate the rest
-        with the selected environment's ``Params`` and fill in its defaults."""
-        if not isinstance(data, dict):
-            return data
-        return entry_params(cls, data, ENVS, lambda e: e.own_params(), _validate_own, "environment")
+    def entries(cls) -> Mapping[str, Any]:
+        return ENVS
 
     def build(self) -> Environment:
         """The selected environment, bound to this section (what the coordinator, the task
         source and the warm start use)."""
         return env_class(self.name)(self)
-
-
-def _validate_own(env: type[Environment], given: dict[str, Any]) -> dict[str, Any]:
-    return env.Params.model_validate(given).model_dump()

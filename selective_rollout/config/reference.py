@@ -14,12 +14,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from selective_rollout.config.env import EnvConfig
-from selective_rollout.config.gate import GateConfig
+from selective_rollout.config.base import EntrySection
 from selective_rollout.config.schema import RunConfig
 from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.envs import ENVS
-from selective_rollout.gate.policies import GATES
 
 INTRO = """# Configuration reference
 
@@ -67,7 +64,8 @@ def _row(key: str, info: FieldInfo) -> str:
 
 
 def _entry_rows(heading: str, doc: str | None, fields: dict[str, FieldInfo], prefix: str) -> list[str]:
-    """One registered entry (a gate, a loss): its heading, first doc paragraph and own parameters."""
+    """One registered entry (a gate, a strategy, a back-end, a loss): its heading, first doc
+    paragraph and own parameters."""
     out = [f"### `{heading}`", "", inspect.cleandoc(doc or "").split("\n\n")[0].replace("\n", " "), ""]
     if not fields:
         return out + ["No parameters of its own.", ""]
@@ -75,22 +73,15 @@ def _entry_rows(heading: str, doc: str | None, fields: dict[str, FieldInfo], pre
     return [*out, TABLE_HEAD, TABLE_RULE, *rows, ""]
 
 
-def _gate_rows(prefix: str) -> list[str]:
-    """Each registered gate's own parameters, read from its ``Params`` model (they are flat keys
-    of the gate section, accepted only with that gate selected)."""
+def _selected_entry_rows(section: type[EntrySection], prefix: str) -> list[str]:
+    """Each entry a section can select (gates, strategies, engine back-ends) with its own
+    parameters, read from its ``Params`` model (flat keys of the section, accepted only with that
+    entry selected). The registries above config are read when this runs, as validation does."""
     out = []
-    for name, gate in sorted(GATES.items()):
-        if not gate.offline_only:
-            out += _entry_rows(f"{prefix}name: {name}", gate.__doc__, gate.own_params(), prefix)
-    return out
-
-
-def _env_rows(prefix: str) -> list[str]:
-    """Each registered environment's own parameters (flat keys of the env section, accepted only
-    with that environment selected)."""
-    out = []
-    for name, env in sorted(ENVS.items()):
-        out += _entry_rows(f"{prefix}name: {name}", env.__doc__, env.own_params(), prefix)
+    entries = section.entries()
+    for name in sorted(entries):
+        doc, fields = entries[name].__doc__, section.own_params(name)
+        out += _entry_rows(f"{prefix}{section.selector}: {name}", doc, fields, prefix)
     return out
 
 
@@ -121,10 +112,8 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         out += [f"## `{title}`", "", doc, "", TABLE_HEAD, TABLE_RULE]
         out += rows + [""]
-    if model is GateConfig:
-        out += _gate_rows(prefix)
-    if model is EnvConfig:
-        out += _env_rows(prefix)
+    if issubclass(model, EntrySection):
+        out += _selected_entry_rows(model, prefix)
     if model is TrainerConfig:
         out += _loss_rows(prefix)
     for section_prefix, section in sections:

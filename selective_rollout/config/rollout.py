@@ -1,18 +1,40 @@
-"""Config of the GroupCoordinator (selective_rollout.rollout.coordinator)."""
+"""Config of the GroupCoordinator (selective_rollout.rollout.coordinator).
 
-from typing import Literal
+``rollout.strategy`` names an entry of the strategy registry (selective_rollout.rollout.strategies)
+and the selected strategy's own parameters are flat keys of this section (``rollout.preskip_window``),
+declared by the strategy's ``Params``, so a new strategy needs no change here.
+"""
+
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Literal
 
 from pydantic import Field
 
-from selective_rollout.config.base import Section
+from selective_rollout.config.base import EntrySection
 
 
-class RolloutConfig(Section):
-    """The GroupCoordinator: which groups run, how many at once, what enters the batch."""
+def _strategies() -> ModuleType:
+    """The strategy registry. It lives with the strategies in rollout/ (floor 2, above config),
+    next to the classes the coordinator runs, so config reads it when a config is validated,
+    never when it is imported; the module imports only pydantic."""
+    from selective_rollout.rollout import strategies
 
-    strategy: Literal["none", "dapo", "preskip", "selective", "selective+dapo"] = Field(
+    return strategies
+
+
+class RolloutConfig(EntrySection):
+    """The GroupCoordinator: which groups run, how many at once, what enters the batch.
+
+    Besides the keys below, the selected strategy's own parameters are keys of this section."""
+
+    selector = "strategy"
+    kind = "strategy"
+
+    strategy: str = Field(
         "selective",
-        description="none | dapo (post-hoc zero-variance filter) | preskip | selective (gate) | both",
+        description="a registered strategy: none | dapo (post-hoc zero-variance filter) | preskip | "
+        "selective (gate) | selective+dapo (both), or your own; its own keys are listed below",
     )
     mode: Literal["concurrent", "lockstep"] = Field(
         "concurrent", description="lockstep = the paper's loop: one group at a time, all G in lock-step"
@@ -38,9 +60,16 @@ class RolloutConfig(Section):
         le=1.0,
         description="auditing tapers off once the 95% lower bound of the audited precision clears this",
     )
-    preskip_window: int = Field(1, ge=1)
-    preskip_explore: float = Field(0.1, ge=0.0, le=1.0)
     retry_failed: bool = Field(True, description="retry a group once when its engine or env worker died")
     engine_replace_timeout_s: float = Field(
         600.0, gt=0, description="with every engine dead, how long to wait for the driver's replacement"
     )
+
+    @classmethod
+    def entries(cls) -> Mapping[str, Any]:
+        return _strategies().STRATEGIES
+
+    @property
+    def uses_gate(self) -> bool:
+        """Whether the selected strategy consults the gate (so the gate's settings matter)."""
+        return self.entries()[self.strategy].uses_gate

@@ -21,9 +21,11 @@ class RunConfig(Section):
     seed: int = Field(0, description="seeds sampling, task order and the learner")
     gate: GateConfig = GateConfig()
     env: EnvConfig = EnvConfig()
-    engine: EngineConfig = EngineConfig()
+    # built on use, not at import: validating it reads the engine back-end registry
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     agent: AgentConfig = AgentConfig()
-    rollout: RolloutConfig = RolloutConfig()
+    # built on use, not at import: validating it reads the rollout strategy registry
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     # built on use, not at import: validating it reads the trainer's loss registries
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     train: DriverConfig = DriverConfig()
@@ -34,7 +36,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _gate_within_episode(self) -> "RunConfig":
-        if self.rollout.strategy.startswith("selective") and self.gate.k > self.rollout.max_steps:
+        if self.rollout.uses_gate and self.gate.k > self.rollout.max_steps:
             raise ValueError(
                 f"gate.k={self.gate.k} exceeds rollout.max_steps={self.rollout.max_steps}: "
                 "the gate would never look"

@@ -94,9 +94,7 @@ class GroupCoordinator:
         self.env = env_pool
         self.environment = cfg.env.build()
         self.agent = agent
-        self.strategy = build_strategy(
-            self.rc.strategy, window=self.rc.preskip_window, explore=self.rc.preskip_explore, seed=cfg.seed
-        )
+        self.strategy = build_strategy(self.rc, seed=cfg.seed)
         self.gate = cfg.gate.build() if self.strategy.uses_gate else NoGate()
         self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
         self.audits = AuditBudget(self.rc.audit_budget, self.rc.audit_target_precision)

@@ -4,8 +4,13 @@ They are selectable per run so that arms are compared inside one system on one t
 (DESIGN.md 1, issue 5): ``none`` trains on every finished group; ``dapo`` drops zero-variance
 groups after running them in full (DAPO dynamic sampling); ``preskip`` skips tasks whose recent
 groups were all zero-variance (GRESO-style, with exploration); ``selective`` stops converged groups
-mid-trajectory with the gate; ``selective+dapo`` does both. A new strategy is one class with
-``@register_strategy``.
+mid-trajectory with the gate; ``selective+dapo`` does both.
+
+A new strategy is one class with ``@register_strategy("name")`` and, if it has parameters, a
+``Params`` model next to it: they become flat keys of the ``rollout`` section (name them after the
+strategy, ``preskip_window``, since the section has keys of its own). This module imports nothing
+heavy, so config validation reads the registry without importing the coordinator (config sits
+below rollout/ in DESIGN.md 2.1.1 and reads it only when a config is validated).
 """
 
 from __future__ import annotations
@@ -13,15 +18,35 @@ from __future__ import annotations
 import random
 from collections import defaultdict, deque
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from selective_rollout.config.rollout import RolloutConfig
+
+
+class StrategyParams(BaseModel):
+    """Base of a strategy's parameters (none by default)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class Strategy:
-    """Answers three questions for the coordinator; the default is the ungated baseline."""
+    """Answers three questions for the coordinator; the default is the ungated baseline.
+
+    ``Params`` declares the strategy's parameters; ``seed`` seeds any randomness it has (the run's
+    seed, so an arm is reproducible).
+    """
 
     name: ClassVar[str] = "none"
+    Params: ClassVar[type[StrategyParams]] = StrategyParams
     uses_gate: ClassVar[bool] = False
     filters_zero_variance: ClassVar[bool] = False
+
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        self.params = self.Params(**params)
+        self.seed = seed
 
     def admit(self, task_id: str) -> bool:
         """Start a group for this task now? (False = skip it before rollout.)"""
@@ -35,74 +60,87 @@ class Strategy:
         return not (self.filters_zero_variance and zero_variance)
 
 
-STRATEGIES: dict[str, Callable[..., Strategy]] = {}
+STRATEGIES: dict[str, type[Strategy]] = {}
 
 
-def register_strategy(cls: type[Strategy]) -> type[Strategy]:
-    STRATEGIES[cls.name] = cls
-    return cls
+def register_strategy(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
+    """Class decorator: make the strategy selectable as ``rollout.strategy=name``."""
+
+    def deco(cls: type[Strategy]) -> type[Strategy]:
+        if name in STRATEGIES:
+            raise ValueError(f"strategy {name!r} is registered twice")
+        if not issubclass(cls.Params, StrategyParams):
+            raise TypeError(f"strategy {name!r}: Params must subclass StrategyParams")
+        cls.name = name
+        STRATEGIES[name] = cls
+        return cls
+
+    return deco
 
 
-@register_strategy
+def build_strategy(cfg: RolloutConfig, seed: int = 0) -> Strategy:
+    """The strategy ``cfg`` selects, with the parameters its ``Params`` declares read off ``cfg``
+    (what the coordinator runs)."""
+    cls = STRATEGIES[cfg.strategy]  # a name the config has checked against this registry
+    return cls(seed=seed, **dict(cfg.params_for(cls.Params)))
+
+
+@register_strategy("none")
 class NoFilter(Strategy):
-    name = "none"
+    """Train on every group that finishes: GRPO as usual."""
 
 
-@register_strategy
+@register_strategy("dapo")
 class DapoFilter(Strategy):
     """Roll everything out, then drop zero-variance groups; the coordinator over-samples."""
 
-    name = "dapo"
     filters_zero_variance = True
 
 
-@register_strategy
+@register_strategy("selective")
 class Selective(Strategy):
     """Stop converged groups mid-trajectory (the gate); keep every group that finishes."""
 
-    name = "selective"
     uses_gate = True
 
 
-@register_strategy
+@register_strategy("selective+dapo")
 class SelectiveDapo(Strategy):
     """The gate, then DAPO's filter on what the gate let through."""
 
-    name = "selective+dapo"
     uses_gate = True
     filters_zero_variance = True
 
 
-@register_strategy
+class PreSkipParams(StrategyParams):
+    preskip_window: int = Field(
+        1, ge=1, description="skip a task whose last this many groups were all zero-variance"
+    )
+    preskip_explore: float = Field(
+        0.1, ge=0.0, le=1.0, description="probability of running a task that would be skipped anyway"
+    )
+
+
+@register_strategy("preskip")
 class PreSkip(Strategy):
-    """Skip a task when its last ``window`` groups were all zero-variance, except with
-    probability ``explore`` (GRESO-style pre-rollout skipping: cheap, blind to this rollout)."""
+    """Skip a task when its last ``preskip_window`` groups were all zero-variance, except with
+    probability ``preskip_explore`` (GRESO-style pre-rollout skipping: cheap, blind to this rollout)."""
 
-    name = "preskip"
+    Params = PreSkipParams
+    params: PreSkipParams
 
-    def __init__(self, window: int = 1, explore: float = 0.1, seed: int = 0) -> None:
-        if window < 1:
-            raise ValueError(f"preskip window must be >= 1, got {window}")
-        if not 0.0 <= explore <= 1.0:
-            raise ValueError(f"preskip explore must be in [0, 1], got {explore}")
-        self.window, self.explore = window, explore
-        self._rng = random.Random(seed)
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        super().__init__(seed, **params)
+        window = self.params.preskip_window
+        self._rng = random.Random(self.seed)
         self._history: dict[str, deque[bool]] = defaultdict(lambda: deque(maxlen=window))
 
     def admit(self, task_id: str) -> bool:
         recent = self._history[task_id]
-        if len(recent) < self.window or not all(recent):
+        if len(recent) < self.params.preskip_window or not all(recent):
             return True
-        return self._rng.random() < self.explore
+        return self._rng.random() < self.params.preskip_explore
 
     def observe(self, task_id: str, zero_variance: bool | None) -> None:
         if zero_variance is not None:
             self._history[task_id].append(zero_variance)
-
-
-def build_strategy(name: str, **params: object) -> Strategy:
-    try:
-        factory = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; registered: {', '.join(sorted(STRATEGIES))}") from None
-    return factory(**params) if name == "preskip" else factory()

@@ -1,8 +1,9 @@
 """The one interface the coordinator drives every rollout engine through.
 
 The coordinator awaits ``generate`` on Ray actors and never looks behind it, so a back-end is
-one file implementing ``RolloutEngine`` plus a registry entry (engines/__init__.py). Types are
-plain dataclasses so they cross Ray without custom serialisers.
+one file implementing ``RolloutEngine`` (with a ``Params`` model of its own parameters) plus a
+registry entry (engines/__init__.py). Types are plain dataclasses so they cross Ray without custom
+serialisers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from selective_rollout.config.engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 
@@ -96,8 +99,21 @@ class Completion:
     outputs: list[CompletionOutput]
 
 
+class BackendParams(BaseModel):
+    """Base of a back-end's own parameters: they become flat ``engine.*`` keys, accepted only with
+    that back-end selected (the shared ones, model, sampling and resources, are EngineConfig's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class RolloutEngine(ABC):
-    """An async generation server for one model replica (one GPU, or a share of the CPUs)."""
+    """An async generation server for one model replica (one GPU, or a share of the CPUs).
+
+    ``Params`` declares the back-end's own parameters; an engine reads them with
+    ``cfg.params_for(self.Params)``.
+    """
+
+    Params: ClassVar[type[BackendParams]] = BackendParams
 
     @abstractmethod
     async def generate(

@@ -21,10 +21,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.base import (
+    BackendParams,
     Completion,
     CompletionOutput,
     EngineError,
@@ -157,14 +159,24 @@ def _kv_of(cache: Any) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
+class TransformersParams(BackendParams):
+    threads: int = Field(0, ge=0, description="torch threads per engine; 0 = torch's default")
+    max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
+    kv_cache_tokens: int = Field(65536, ge=0, description="session KV kept across turns (tokens)")
+
+
 class TransformersEngine(RolloutEngine):
-    """``RolloutEngine`` on ``AutoModelForCausalLM``; usable directly or as a Ray actor."""
+    """Continuous batching on ``AutoModelForCausalLM`` with session KV reuse (the CPU default);
+    usable directly or as a Ray actor."""
+
+    Params = TransformersParams
 
     def __init__(self, cfg: EngineConfig, model_path: str | Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
+        self.params = cfg.params_for(TransformersParams)
+        if self.params.threads > 0:
+            torch.set_num_threads(self.params.threads)
         self.cfg = cfg
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -174,7 +186,7 @@ class TransformersEngine(RolloutEngine):
         ).eval()
         self.eot_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
         self._weights = WeightReceiver(self.model)
-        self._store = SessionKVStore(cfg.kv_cache_tokens)
+        self._store = SessionKVStore(self.params.kv_cache_tokens)
         self._batch = _Batch()
         self._pending: deque[_Request] = deque()
         self._requests: dict[str, _Request] = {}
@@ -329,7 +341,7 @@ class TransformersEngine(RolloutEngine):
         done += self._retire()
         admitted: list[tuple[list[_Seq], KV]] = []
         rows = len(self._batch.rows)
-        while self._pending and rows < self.cfg.max_batch_size:
+        while self._pending and rows < self.params.max_batch_size:
             req = self._pending.popleft()
             try:
                 group = self._admit(req)

