@@ -46,6 +46,7 @@ def test_vllm_backend_without_vllm_is_one_line_before_ray(tiny_games, smollm2_pa
             "configs/cpu_default.yaml",
             "engine.backend=vllm",
             f"env.games_dir={tiny_games}",
+            "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
             "env.n_train=6",
             "env.n_valid=2",
             f"train.runs_dir={tmp_path}",
@@ -67,6 +68,7 @@ def test_gpu_learners_on_a_cpu_cluster_stop_with_the_numbers(ray_cluster, tiny_g
         "configs/cpu_default.yaml",
         [
             f"env.games_dir={tiny_games}",
+            "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
             "env.n_train=6",
             "env.n_valid=2",
             "placement.learner_num_gpus=1",

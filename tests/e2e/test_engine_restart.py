@@ -27,6 +27,7 @@ def test_an_engine_killed_mid_rollout_is_replaced_and_the_run_finishes(ray_clust
         "configs/cpu_default.yaml",
         [
             f"env.games_dir={tiny_games}",
+            "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
             "env.n_train=6",
             "env.n_valid=2",
             "env.num_workers=1",

@@ -25,6 +25,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
         "configs/cpu_default.yaml",
         [
             f"env.games_dir={tiny_games}",
+            "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
             "env.n_train=6",  # the tiny_games fixture's set
             "env.n_valid=2",
             "env.num_workers=1",

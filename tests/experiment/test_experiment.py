@@ -166,6 +166,7 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
     exp = tmp_path / "ab.yaml"
     overrides = [
         f"env.games_dir={tiny_games}",
+        "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
         "env.n_train=6",  # the tiny_games fixture's set
         "env.n_valid=2",
         "env.num_workers=1",

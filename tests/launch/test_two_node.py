@@ -61,6 +61,7 @@ def test_one_training_iteration_with_env_workers_on_both_nodes(
     run_dir = tmp_path / "run"
     overrides = [
         f"env.games_dir={tiny_games}",
+        "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
         "env.n_train=6",  # the tiny_games fixture's set
         "env.n_valid=2",
         "env.num_workers=2",
