@@ -13,7 +13,7 @@ where episodes are played (env workers, the warm start).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
 
 from selective_rollout.records import Task
+from selective_rollout.registry import registrar
 
 if TYPE_CHECKING:
     from selective_rollout.config.env import EnvConfig
@@ -176,19 +177,8 @@ class Environment:
 ENVS: dict[str, type[Environment]] = {}
 
 
-def register_env(name: str) -> Callable[[type[Environment]], type[Environment]]:
-    """Class decorator: make the environment selectable as ``env.name: <name>``."""
-
-    def deco(cls: type[Environment]) -> type[Environment]:
-        if name in ENVS:
-            raise ValueError(f"environment {name!r} is registered twice")
-        if not issubclass(cls.Params, EnvParams):
-            raise TypeError(f"environment {name!r}: Params must subclass EnvParams")
-        cls.name = name
-        ENVS[name] = cls
-        return cls
-
-    return deco
+# class decorator: make the environment selectable as ``env.name: <name>``
+register_env = registrar(ENVS, "environment", EnvParams)
 
 
 def env_class(name: str) -> type[Environment]:

@@ -8,7 +8,7 @@ A new gate is one class with ``@register_gate("name")`` and, if it has parameter
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -19,6 +19,7 @@ from selective_rollout.gate.distance import check_group, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.records import rewards_equal
+from selective_rollout.registry import registrar
 
 Mode = Literal["at_k", "from_k"]
 
@@ -72,23 +73,15 @@ class GateParams(BaseModel):
 GATES: dict[str, type[Gate]] = {}
 
 
-def register_gate(name: str) -> Callable[[type[Gate]], type[Gate]]:
-    """Class decorator: make the gate buildable by ``name`` (from the run config and the sweep)."""
+def _check_gate(name: str, cls: type[Gate]) -> None:
+    if "name" in cls.Params.model_fields:
+        raise TypeError(f"gate {name!r}: a parameter cannot be called 'name' (the gate's registry name)")
+    if cls.threshold is not None and cls.threshold not in cls.own_params():
+        raise TypeError(f"gate {name!r}: threshold {cls.threshold!r} is not one of its own parameters")
 
-    def deco(cls: type[Gate]) -> type[Gate]:
-        if name in GATES:
-            raise ValueError(f"gate {name!r} is registered twice")
-        if not issubclass(cls.Params, GateParams):
-            raise TypeError(f"gate {name!r}: Params must subclass GateParams")
-        if "name" in cls.Params.model_fields:
-            raise TypeError(f"gate {name!r}: a parameter cannot be called 'name' (the gate's registry name)")
-        if cls.threshold is not None and cls.threshold not in cls.own_params():
-            raise TypeError(f"gate {name!r}: threshold {cls.threshold!r} is not one of its own parameters")
-        cls.name = name
-        GATES[name] = cls
-        return cls
 
-    return deco
+# class decorator: make the gate buildable by ``name`` (from the run config and the sweep)
+register_gate = registrar(GATES, "gate", GateParams, _check_gate)
 
 
 def gate_class(name: str) -> type[Gate]:

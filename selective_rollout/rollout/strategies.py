@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict, deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from selective_rollout.registry import registrar
 
 if TYPE_CHECKING:
     from selective_rollout.config.rollout import RolloutConfig
@@ -63,19 +64,8 @@ class Strategy:
 STRATEGIES: dict[str, type[Strategy]] = {}
 
 
-def register_strategy(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
-    """Class decorator: make the strategy selectable as ``rollout.strategy=name``."""
-
-    def deco(cls: type[Strategy]) -> type[Strategy]:
-        if name in STRATEGIES:
-            raise ValueError(f"strategy {name!r} is registered twice")
-        if not issubclass(cls.Params, StrategyParams):
-            raise TypeError(f"strategy {name!r}: Params must subclass StrategyParams")
-        cls.name = name
-        STRATEGIES[name] = cls
-        return cls
-
-    return deco
+# class decorator: make the strategy selectable as ``rollout.strategy=name``
+register_strategy = registrar(STRATEGIES, "strategy", StrategyParams)
 
 
 def build_strategy(cfg: RolloutConfig, seed: int = 0) -> Strategy:
