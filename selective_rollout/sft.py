@@ -63,32 +63,22 @@ def expert_dialogue(game_dir: str | Path, agent, max_steps: int, env: Environmen
         first = episode.reset()
         task = env.task_of(first)
         conv = agent.start(task, first.obs, first.admissible)
-        segments = [(list(conv.prompt_ids), [0] * len(conv.prompt_ids))]
         tokenizer = agent.builder.tokenizer
         won = False
         for action in walkthrough:
             reply = expert_reply(action, agent.cfg.action_format)
             ids = list(tokenizer(reply, add_special_tokens=False).input_ids) + [agent.builder.eot_id]
-            segments[-1][0].extend(ids)
-            segments[-1][1].extend([1] * len(ids))
+            conv.add_completion(ids, reply)
             ob = episode.step(action)
             won = ob.won
             if ob.done:
                 break
-            conv.add_completion(ids, reply)
-            appended, new_segment = conv.extend(ob.obs, ob.admissible)
-            if new_segment:
-                segments.append(([], []))
-            segments[-1][0].extend(appended)
-            segments[-1][1].extend([0] * len(appended))
+            conv.extend(ob.obs, ob.admissible)
     finally:
         episode.close()
     if not won:
         raise ValueError(f"{game_dir}: replaying the walkthrough did not win; the game or solver is broken")
-    return [
-        Experience(str(game_dir), str(game_dir), "", ids, mask, [0.0] * len(ids), 1.0, trajectory=0)
-        for ids, mask in segments
-    ]
+    return conv.experiences(str(game_dir), str(game_dir), "", reward=1.0)
 
 
 def train_sft(

@@ -22,6 +22,7 @@ from selective_rollout.gate.policies import (
     register_gate,
 )
 from selective_rollout.gate.tracker import DivergenceTracker
+from selective_rollout.gate.watch import GateWatch
 
 __all__ = [
     "END",
@@ -30,6 +31,7 @@ __all__ = [
     "Gate",
     "GateDecision",
     "GateParams",
+    "GateWatch",
     "GroupState",
     "NoGate",
     "OracleGate",

@@ -38,6 +38,7 @@ from selective_rollout.records import (
     TrajectoryStatus,
 )
 from selective_rollout.rollout.audit import AuditBudget
+from selective_rollout.rollout.dialogue import GeneratedTurn
 from selective_rollout.rollout.engines import SamplingParams
 from selective_rollout.rollout.group import GroupRun, TrajectoryRun
 from selective_rollout.rollout.strategies import build_strategy
@@ -269,10 +270,9 @@ class GroupCoordinator:
         for i, st in enumerate(states):
             if st.failed:
                 raise GroupFailed(f"env worker failed opening {task.task_id}: {st.failed}")
-            traj = TrajectoryRun(i, st.episode_id, f"{group.group_id}-t{i}")
-            traj.conversation = self.agent.start(st.task, st.obs, st.admissible)
+            conversation = self.agent.start(st.task, st.obs, st.admissible)
+            traj = TrajectoryRun(i, st.episode_id, f"{group.group_id}-t{i}", conversation)
             traj.admissible = st.admissible
-            traj.segment.add_prompt(traj.conversation.prompt_ids)
             group.trajectories.append(traj)
 
     async def _run_group(self, task: Task, group: GroupRun) -> None:
@@ -297,11 +297,11 @@ class GroupCoordinator:
     async def _trajectory_loop(self, group: GroupRun, traj: TrajectoryRun) -> None:
         engine = self.engines[group.engine_index]
         while traj.live and not group.stopped:
-            completion = await self._generate(group, traj, engine, session=True)
-            if completion is None or group.stopped:
+            turn = await self._generate(group, traj, engine, session=True)
+            if turn is None or group.stopped:
                 return
-            state = await self._env_step(group, {traj.episode_id: completion[0]})
-            self._apply(group, traj, completion, state[traj.episode_id])
+            state = await self._env_step(group, {traj.episode_id: turn.command})
+            self._apply(group, traj, turn, state[traj.episode_id])
 
     async def _run_group_lockstep(self, task: Task, group: GroupRun) -> None:
         """The paper's loop: each turn all live trajectories generate, then all step together."""
@@ -312,18 +312,18 @@ class GroupCoordinator:
                 live = [t for t in group.trajectories if t.live]
                 if not live:
                     return
-                completions = await asyncio.gather(
-                    *(self._generate(group, t, engine, session=False) for t in live)
-                )
-                actions = {t.episode_id: c[0] for t, c in zip(live, completions, strict=True)}
+                turns = await asyncio.gather(*(self._generate(group, t, engine, session=False) for t in live))
+                actions = {t.episode_id: turn.command for t, turn in zip(live, turns, strict=True)}
                 states = await self._env_step(group, actions)
-                for t, c in zip(live, completions, strict=True):
-                    self._apply(group, t, c, states[t.episode_id])
+                for t, turn in zip(live, turns, strict=True):
+                    self._apply(group, t, turn, states[t.episode_id])
         finally:
             await self._close(group)
 
-    async def _generate(self, group: GroupRun, traj: TrajectoryRun, engine: Any, session: bool):
-        """One engine call for one trajectory; returns (command, valid, completion) or None on abort."""
+    async def _generate(
+        self, group: GroupRun, traj: TrajectoryRun, engine: Any, session: bool
+    ) -> GeneratedTurn | None:
+        """One engine call for one trajectory: its reply parsed into a command, None on abort."""
         sampling = self._sampling(group, traj)
         traj.request_id = f"{traj.session_id}-s{len(traj.steps)}"
         prompt = traj.conversation.prompt_ids
@@ -343,7 +343,14 @@ class GroupCoordinator:
             return None
         parsed = self.agent.parse(out.text, traj.admissible)
         self._tokens += len(out.token_ids)
-        return parsed.command, parsed.valid, completion
+        return GeneratedTurn(
+            command=parsed.command,
+            valid=parsed.valid,
+            text=out.text,
+            token_ids=tuple(out.token_ids),
+            logprobs=tuple(out.logprobs),
+            prompt_tokens=completion.prompt_tokens,
+        )
 
     def _sampling(self, group: GroupRun, traj: TrajectoryRun) -> SamplingParams:
         """The turn's sampling parameters, seeded by (run seed, iteration, task, trajectory, step):
@@ -373,21 +380,19 @@ class GroupCoordinator:
         self._env_steps += len(actions)
         return states
 
-    def _apply(self, group: GroupRun, traj: TrajectoryRun, generated: tuple, state: Any) -> None:
+    def _apply(self, group: GroupRun, traj: TrajectoryRun, turn: GeneratedTurn, state: Any) -> None:
         """Record one step of one trajectory and extend its dialogue for the next turn."""
-        command, valid, completion = generated
-        out = completion.outputs[0]
         traj.steps.append(
             Step(
-                action=command,
-                valid=valid,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=len(out.token_ids),
+                action=turn.command,
+                valid=turn.valid,
+                prompt_tokens=turn.prompt_tokens,
+                completion_tokens=len(turn.token_ids),
                 reward=float(state.reward),
                 done=bool(state.done),
             )
         )
-        traj.segment.add_completion(list(out.token_ids), list(out.logprobs))
+        traj.conversation.add_completion(turn.token_ids, turn.text, turn.logprobs)
         traj.won = bool(state.won)
         if state.done or state.won:
             traj.status = TrajectoryStatus.FINISHED
@@ -397,13 +402,7 @@ class GroupCoordinator:
             traj.reward = self.environment.reward(state)
         else:
             traj.admissible = state.admissible
-            traj.conversation.add_completion(out.token_ids, out.text)
-            appended, new_segment = traj.conversation.extend(state.obs, state.admissible)
-            if new_segment:
-                traj.segments.append(type(traj.segment)())
-                traj.segment.add_prompt(traj.conversation.prompt_ids)
-            else:
-                traj.segment.add_prompt(appended)
+            traj.conversation.extend(state.obs, state.admissible)
         group.after_step(traj)
 
     async def _cancel(self, group: GroupRun, loops: list[asyncio.Task]) -> None:

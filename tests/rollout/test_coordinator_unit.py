@@ -16,6 +16,7 @@ from alfworld_env.errors import GameError
 from selective_rollout.config import load_config
 from selective_rollout.records import Outcome, read_groups
 from selective_rollout.rollout.coordinator import GroupCoordinator, Task
+from selective_rollout.rollout.dialogue import Conversation
 from selective_rollout.rollout.engines import Completion, CompletionOutput, SamplingParams
 
 
@@ -133,16 +134,20 @@ class _Parsed:
     valid: bool
 
 
-class _Conversation:
+class _Builder:
+    """Prompt ids without a tokenizer: a prompt opens with the game's index, then 1, 2; a reply is
+    followed by 3. The real ``Conversation`` builds the dialogue over it."""
+
+    eot_id = 8  # the scripted engine's replies are [7, 8]: each ends its turn
+
     def __init__(self, game_index: int):
-        self.prompt_ids = [game_index, 1, 2]
+        self.game_index = game_index
 
-    def add_completion(self, token_ids, text):
-        self.prompt_ids = self.prompt_ids + list(token_ids)
+    def prompt(self, exchanges, last_user):
+        return [self.game_index, 1, 2]
 
-    def extend(self, obs, admissible):
-        self.prompt_ids = self.prompt_ids + [3]
-        return [3], False
+    def continuation(self, last_user, completion_ended_turn):
+        return [3]
 
 
 class ScriptedAgent:
@@ -150,7 +155,7 @@ class ScriptedAgent:
         self.game_of_task = {}
 
     def start(self, task, obs, admissible):
-        return _Conversation(self.current)
+        return Conversation(_Builder(self.current), 10_000, task, obs, admissible)
 
     def parse(self, text, admissible):
         return _Parsed(text, bool(text))

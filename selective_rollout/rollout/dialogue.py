@@ -1,0 +1,158 @@
+"""One trajectory's dialogue, owned in one place: the text turns, the token segments, the loss mask.
+
+The engine is prompted with, and the learner trains on, the same token ids. ``Conversation``
+keeps both: each turn's prompt extends the last by the sampled completion and the next user
+turn, and the very same ids, with a loss mask (1 on the policy's tokens, 0 on prompts and
+observations) and the sampling log-probs, form the segments that become ``Experience``s. Nothing
+copies ids from one structure into another, so the prompt the engine saw and the sequence the
+learner packs cannot drift apart. The RL rollout (coordinator) and the SFT warm start (expert
+walkthroughs) both build their sequences here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from selective_rollout.records import Experience
+from selective_rollout.rollout.prompts import PromptBuilder, user_text
+
+
+@dataclass(frozen=True)
+class GeneratedTurn:
+    """One engine reply to one trajectory's prompt, parsed into the command it plays.
+
+    ``prompt_tokens`` is the whole prompt of the call (``Step.prompt_tokens``); ``logprobs[i]``
+    is the engine's log-prob of ``token_ids[i]``.
+    """
+
+    command: str
+    valid: bool
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_tokens: int
+
+
+@dataclass
+class Segment:
+    """A stretch of one trajectory's dialogue that the learner packs as one sequence."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def add_prompt(self, ids: Sequence[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def add_completion(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+
+class Conversation:
+    """One trajectory's dialogue as token ids, kept so that each prompt extends the last.
+
+    Invariant within a segment: ``prompt_{t+1} == prompt_t + completion_t + appended_t``.
+    When the history window is full, ``extend`` starts a new segment: a fresh prompt holding the
+    task and the last ``history_turns // 2`` exchanges (the window slides in jumps so a segment
+    lasts several turns; each segment is one learner sequence and one full prefill).
+    """
+
+    def __init__(
+        self,
+        builder: PromptBuilder,
+        history_turns: int,
+        task: str,
+        obs: str,
+        admissible: Sequence[str],
+        list_every_turn: bool = True,
+    ):
+        self._builder = builder
+        self._history_turns = history_turns
+        self._list_every_turn = list_every_turn
+        self.task = task
+        # user turns of the whole trajectory as (observation, admissible commands)
+        self._turns: list[tuple[str, list[str]]] = [(obs, list(admissible))]
+        self._replies: list[str] = []  # assistant replies (decoded text) of the whole trajectory
+        self._segment_first_turn = 0
+        self.segment_index = 0
+        self._awaiting_completion = True
+        self.segments: list[Segment] = [Segment()]
+        self.segments[-1].add_prompt(self._fresh_prompt())
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The current segment's ids: the next engine call's prompt (after ``extend``)."""
+        return self.segments[-1].token_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """The current segment's loss mask, aligned with ``prompt_ids``."""
+        return self.segments[-1].loss_mask
+
+    def _user(self, turn: int) -> str:
+        """The text of user turn ``turn``: a segment's first turn always lists the commands."""
+        obs, admissible = self._turns[turn]
+        first = turn == self._segment_first_turn
+        listed = admissible if first or self._list_every_turn else None
+        return user_text(obs, listed, self.task if first else None)
+
+    def _fresh_prompt(self) -> list[int]:
+        first = self._segment_first_turn
+        users = [self._user(i) for i in range(first, len(self._turns))]
+        return self._builder.prompt(list(zip(users[:-1], self._replies[first:], strict=True)), users[-1])
+
+    def add_completion(
+        self, token_ids: Sequence[int], text: str, logprobs: Sequence[float] | None = None
+    ) -> None:
+        """Record the policy's reply to the current prompt: its ids count for the loss, with the
+        engine's ``logprobs`` (an expert's reply, cloned in the warm start, has none: 0.0)."""
+        if not self._awaiting_completion:
+            raise RuntimeError("add_completion called twice without extend in between")
+        self.segments[-1].add_completion(token_ids, [0.0] * len(token_ids) if logprobs is None else logprobs)
+        self._replies.append(text)
+        self._ended_turn = bool(token_ids) and token_ids[-1] == self._builder.eot_id
+        self._awaiting_completion = False
+
+    def extend(self, obs: str, admissible: Sequence[str]) -> tuple[list[int], bool]:
+        """Next turn: returns (ids appended to ``prompt_ids``, whether a new segment began).
+
+        On a new segment the returned ids are the whole fresh ``prompt_ids``.
+        """
+        if self._awaiting_completion:
+            raise RuntimeError("extend called before add_completion: the completion must be recorded first")
+        self._turns.append((obs, list(admissible)))
+        self._awaiting_completion = True
+        past_in_segment = len(self._replies) - self._segment_first_turn
+        if past_in_segment > self._history_turns:
+            self._segment_first_turn = len(self._replies) - self._history_turns // 2
+            self.segment_index += 1
+            self.segments.append(Segment())
+            self.segments[-1].add_prompt(self._fresh_prompt())
+            return list(self.prompt_ids), True
+        appended = self._builder.continuation(self._user(len(self._turns) - 1), self._ended_turn)
+        self.segments[-1].add_prompt(appended)
+        return appended, False
+
+    def experiences(
+        self, group_id: str, task_id: str, task_type: str, reward: float, trajectory: int = 0
+    ) -> list[Experience]:
+        """One Experience per segment that holds policy tokens, all rewarded with ``reward``."""
+        return [
+            Experience(
+                group_id=group_id,
+                task_id=task_id,
+                task_type=task_type,
+                token_ids=list(seg.token_ids),
+                loss_mask=list(seg.loss_mask),
+                old_logprobs=list(seg.logprobs),
+                reward=reward,
+                trajectory=trajectory,
+            )
+            for seg in self.segments
+            if any(seg.loss_mask)
+        ]
