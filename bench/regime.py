@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> None:
     (out / "rollouts.jsonl").unlink(missing_ok=True)
     rc = cfg.rollout
     print(
-        f"model {Path(model).name}, preset {cfg.env.preset}, G={rc.group_size}, max_steps={rc.max_steps}, "
+        f"model {Path(model).name}, env {cfg.env.name} {cfg.env.model_extra or {}}, G={rc.group_size}, "
+        f"max_steps={rc.max_steps}, "
         f"K={cfg.gate.k}, temperature {cfg.engine.temperature}, engine {cfg.engine.dtype}, admissible "
         f"listed {cfg.agent.admissible_in_prompt}, history {cfg.agent.history_turns} turns, {n} tasks"
     )
