@@ -56,12 +56,12 @@ gpu-smoke:
 bench-regime: install
 	$(PY) bench/regime.py --tasks 24
 
-# The on-policy training A/B on the CPU profile (5 arms x 2 seeds, about an hour on 2 cores);
+# The on-policy training A/B on the CPU profile (5 arms x 2 seeds, 89 min on 2 cores);
 # results in runs/experiment-ab-cpu/experiment.md (docs/experiments.md).
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
-# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks, ~50 min).
+# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; not yet timed on medium games).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
