@@ -9,7 +9,7 @@ on a tiny profile and kills a real process by PID at a real moment, found in the
 - ``driver``: the driver itself after its first iteration is logged, then the same command
   again, which resumes;
 - ``server``: no kill; poison requests (NaN or denormal temperature, a seed of 2**64, n = 1000,
-  max_tokens 0, a prompt over the context) sent beside good ones to ``selective_rollout.serve``.
+  max_tokens 0, a prompt over the context) sent beside good ones to ``selective_rollout.integrations.serve``.
 
 It prints one row per scenario: tries survived (the run finished, exit 0), groups lost (a failed
 group never retried), records duplicated (a group id or a metrics iteration logged twice) and
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import psutil
 
-from selective_rollout.metrics_log import read_metrics
 from selective_rollout.records import Outcome, read_groups
+from selective_rollout.reporting.metrics_log import read_metrics
 
 TINY = [
     "env.n_train=6",
@@ -215,8 +215,8 @@ async def _server_round(url: str, row: Row) -> None:
 
 
 def poison_server(row: Row) -> None:
+    from selective_rollout.integrations.serve import serve_subprocess
     from selective_rollout.models import resolve_model
-    from selective_rollout.serve import serve_subprocess
 
     with serve_subprocess(resolve_model("smollm2-135m-instruct")) as url:
         asyncio.run(_server_round(url, row))

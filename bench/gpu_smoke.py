@@ -161,7 +161,7 @@ def grpo_step(model_dir: Path, device: str) -> str:
 def weight_load(model_dir: Path, device: str) -> str:
     from transformers import AutoModelForCausalLM
 
-    from selective_rollout.rollout.engines.weights import WeightReceiver
+    from selective_rollout.weight_sync.receiver import WeightReceiver
 
     learner = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     with torch.no_grad():

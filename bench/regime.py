@@ -27,7 +27,7 @@ from pathlib import Path
 
 from selective_rollout.config import load_config
 from selective_rollout.records import GroupRecord, read_groups
-from selective_rollout.report import regime_summary, rollout_summary
+from selective_rollout.reporting.report import regime_summary, rollout_summary
 
 
 def print_regime(groups: list[GroupRecord], k: int) -> None:

@@ -115,8 +115,8 @@ class Trainer:
     """Owns the actors of one run and the loop over iterations."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, ray_address: str | None = None) -> None:
-        from selective_rollout.metrics_log import MetricLogger
         from selective_rollout.models import resolve_model
+        from selective_rollout.reporting.metrics_log import MetricLogger
         from selective_rollout.rollout.coordinator import create_coordinator
         from selective_rollout.rollout.engines import check_backend_installed, create_engines
         from selective_rollout.runtime import held_out_tasks, init_ray, train_tasks
@@ -255,7 +255,7 @@ class Trainer:
         log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
 
     def evaluate(self, label: str) -> dict[str, Any]:
-        from selective_rollout.evaluate import format_summary, success_summary
+        from selective_rollout.policy_eval import format_summary, success_summary
         from selective_rollout.rollout.coordinator import wait_for_coordinator
 
         ref = self.coordinator.evaluate.remote(self.eval_tasks)
@@ -271,7 +271,7 @@ class Trainer:
     def iteration(self, it: int) -> dict[str, float]:
         import ray
 
-        from selective_rollout.evaluate import eval_metrics
+        from selective_rollout.policy_eval import eval_metrics
         from selective_rollout.rollout.coordinator import wait_for_coordinator
         from selective_rollout.runtime import task_stream
 
@@ -309,8 +309,8 @@ class Trainer:
         return metrics
 
     def run(self) -> Path:
-        from selective_rollout.evaluate import eval_metrics
-        from selective_rollout.report import write_report
+        from selective_rollout.policy_eval import eval_metrics
+        from selective_rollout.reporting.report import write_report
 
         self.resume()
         if "before" not in self.state["eval"]:

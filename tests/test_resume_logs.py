@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from selective_rollout.metrics_log import read_metrics
 from selective_rollout.records import GroupRecord, GroupWriter, read_groups
+from selective_rollout.reporting.metrics_log import read_metrics
 from selective_rollout.train import rewind_logs
 from selective_rollout.trainer.checkpoint import EXTRA_STATE, checkpoint_name
 

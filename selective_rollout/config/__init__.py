@@ -7,6 +7,7 @@ one error line naming the key. Each component owns its section's model in a sibl
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,38 @@ class ConfigError(ValueError):
     """A config that cannot run; the message is one line naming the offending key."""
 
 
+def _section_keys(section: str) -> list[str]:
+    """The keys a top-level section takes: its model's fields and, for a section of registered
+    entries, every entry's own parameters; [] for a name that is no section."""
+    info = RunConfig.model_fields.get(section)
+    model = info.annotation if info is not None else None
+    if not (isinstance(model, type) and hasattr(model, "model_fields")):
+        return []
+    keys = list(model.model_fields)
+    if issubclass(model, EntrySection):
+        keys += [key for entry in model.entries() for key in model.own_params(entry)]
+    return keys
+
+
+def _did_you_mean(loc: Sequence[Any]) -> str:
+    """A hint for an unknown ``section.key``: the section that does declare ``key`` (``train:`` is
+    the driver, ``trainer:`` the learner, and the two are easy to mix up), else a close spelling."""
+    if len(loc) != 2:
+        return ""
+    section, key = str(loc[0]), str(loc[1])
+    owners = [name for name in RunConfig.model_fields if name != section and key in _section_keys(name)]
+    if owners:
+        return f" (did you mean {' or '.join(f'{name}.{key}' for name in owners)}?)"
+    close = difflib.get_close_matches(key, _section_keys(section), n=1)
+    return f" (did you mean {section}.{close[0]}?)" if close else ""
+
+
 def _format_validation_error(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         if e["type"] == "extra_forbidden":
-            parts.append(f"{key}: unknown key")
+            parts.append(f"{key}: unknown key{_did_you_mean(e['loc'])}")
         elif not e["loc"]:
             parts.append(str(e["msg"]).removeprefix("Value error, "))
         else:

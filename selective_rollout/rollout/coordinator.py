@@ -40,7 +40,7 @@ from selective_rollout.records import (
 from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.rollout.dialogue import GeneratedTurn
 from selective_rollout.rollout.engines import SamplingParams
-from selective_rollout.rollout.group import GroupRun, TrajectoryRun
+from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
 from selective_rollout.rollout.strategies import build_strategy
 
 if TYPE_CHECKING:

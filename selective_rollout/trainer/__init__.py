@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "LearnerGroup": "selective_rollout.trainer.group",
+    "LearnerGroup": "selective_rollout.trainer.learner_group",
     "latest_checkpoint": "selective_rollout.trainer.checkpoint",
 }
 

@@ -18,7 +18,6 @@ import torch
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.records import Experience
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import (
     checksum,
@@ -28,6 +27,7 @@ from selective_rollout.trainer.modeling import (
 )
 from selective_rollout.trainer.objective import micro_batch_loss
 from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 
 def free_port(host: str) -> int:

@@ -32,6 +32,24 @@ def test_bad_values_name_the_key(overrides, match):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        # train: is the driver, trainer: the learner: a key put in the other one is pointed there
+        ("train.lr=1e-5", "train.lr: unknown key (did you mean trainer.lr or warm_start.lr?)"),
+        ("trainer.iterations=3", "trainer.iterations: unknown key (did you mean train.iterations?)"),
+        ("rollout.group_sise=3", "rollout.group_sise: unknown key (did you mean rollout.group_size?)"),
+        # an entry's own parameter (the prefix_edit gate's tau) is a key of its section too
+        ("gate.taux=0.1", "gate.taux: unknown key (did you mean gate.tau?)"),
+        ("gate.zzz=1", "gate.zzz: unknown key"),
+    ],
+)
+def test_an_unknown_key_points_to_the_key_meant(override, hint):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert str(info.value) == f"config error: {hint}"
+
+
 def test_every_preset_of_the_generator_and_their_mixes_are_accepted():
     from alfworld_env import PRESETS
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from selective_rollout.config import load_config
-from selective_rollout.metrics_log import read_metrics
 from selective_rollout.records import Outcome, read_groups
+from selective_rollout.reporting.metrics_log import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

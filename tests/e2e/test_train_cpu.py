@@ -9,8 +9,8 @@ import pytest
 
 from selective_rollout.config import load_config
 from selective_rollout.gate.evaluate import main as gate_evaluate
-from selective_rollout.metrics_log import read_metrics
 from selective_rollout.records import read_groups
+from selective_rollout.reporting.metrics_log import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from selective_rollout.metrics_log import read_metrics
+from selective_rollout.reporting.metrics_log import read_metrics
 from tests.launch.ray_nodes import RayNode, start_head, start_worker, submit, wait_for_nodes
 
 pytestmark = pytest.mark.slow

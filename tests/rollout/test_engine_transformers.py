@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from selective_rollout.rollout.engines import EngineError, SamplingParams
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
 

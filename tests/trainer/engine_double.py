@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForCausalLM
 
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
 from selective_rollout.trainer.modeling import checksum, token_logprobs
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 
 class EngineDouble:

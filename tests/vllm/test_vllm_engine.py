@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from selective_rollout.config.engine import EngineConfig  # noqa: E402
 from selective_rollout.rollout.engines import SamplingParams, create_engines  # noqa: E402
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group  # noqa: E402
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(1800)]
 MSGS = [{"role": "user", "content": "Name three kitchen objects."}]

@@ -20,7 +20,7 @@ from selective_rollout.config.engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 if TYPE_CHECKING:
     import torch
 
-    from selective_rollout.sync_group import TensorSpec
+    from selective_rollout.weight_sync.collective import TensorSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 MAX_SEED = 2**63  # one below what torch.Generator.manual_seed accepts, leaving room for seed + n
@@ -139,8 +139,8 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        """Join the learner's weight-sync group (selective_rollout.sync_group) at ``rank``: the first of
-        ``sync_workers()`` consecutive ranks, one per worker process."""
+        """Join the learner's weight-sync group (``weight_sync.collective``) at ``rank``: the first
+        of ``sync_workers()`` consecutive ranks, one per worker process."""
 
     async def sync_workers(self) -> int:
         """How many processes of this engine join the weight-sync group (its tensor-parallel size)."""

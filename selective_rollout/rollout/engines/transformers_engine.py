@@ -36,7 +36,7 @@ from selective_rollout.rollout.engines.base import (
 from selective_rollout.rollout.engines.growing_cache import GrowingCache
 from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore
 from selective_rollout.rollout.engines.trie import ChoiceTrie
-from selective_rollout.rollout.engines.weights import WeightReceiver
+from selective_rollout.weight_sync.receiver import WeightReceiver
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from selective_rollout.rollout.engines.base import (
     RolloutEngine,
     SamplingParams,
 )
-from selective_rollout.rollout.engines.vllm_worker import pack_specs, pack_tensors
+from selective_rollout.weight_sync.vllm_worker import pack_specs, pack_tensors
 
-WORKER_EXTENSION = "selective_rollout.rollout.engines.vllm_worker.WeightSyncExtension"
+WORKER_EXTENSION = "selective_rollout.weight_sync.vllm_worker.WeightSyncExtension"
 
 
 class VLLMParams(BackendParams):

@@ -1,6 +1,6 @@
 """An OpenAI-compatible chat server over our TransformersEngine, on loopback.
 
-Lets the inference-time gate (selective_rollout.infer) and any OpenAI client talk to the engines
+Lets the inference-time gate (selective_rollout.integrations.infer) and any OpenAI client talk to the engines
 we already have, exactly as they would talk to ``vllm serve``. Endpoints: ``GET /v1/models`` and
 ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens, temperature, top_p,
 n, seed). A client that disconnects aborts its request in the engine, which is how a gated
@@ -8,7 +8,7 @@ sample's generation is cut. Every field is checked before the engine sees it (on
 it), a prompt longer than the model's context is refused, and ``ServerLimits`` bounds ``n``,
 ``max_tokens`` and the tokens admitted at once (413 for a request that alone exceeds them).
 
-    python -m selective_rollout.serve --model smollm2-135m-instruct --port 0
+    python -m selective_rollout.integrations.serve --model smollm2-135m-instruct --port 0
 prints ``listening on http://127.0.0.1:PORT`` once it accepts requests.
 """
 
@@ -228,7 +228,7 @@ async def serve(server: ChatServer, port: int = 0) -> tuple[web.AppRunner, int]:
 def serve_subprocess(model_path: str | Path, name: str = "smollm2", threads: int = 1) -> Iterator[str]:
     """Run this server as a child process on loopback; yields its base URL (``.../v1``) once it
     listens and ends exactly that process (by PID) on exit: for tests, benches and notebooks."""
-    cmd = [sys.executable, "-m", "selective_rollout.serve", "--model", str(model_path)]
+    cmd = [sys.executable, "-m", "selective_rollout.integrations.serve", "--model", str(model_path)]
     cmd += ["--served-model-name", name, "--port", "0", "--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

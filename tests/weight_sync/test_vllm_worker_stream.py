@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import torch
 
-from selective_rollout.rollout.engines.vllm_worker import WeightSyncExtension, pack_specs
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
 from selective_rollout.trainer.learner import free_port
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.vllm_worker import WeightSyncExtension, pack_specs
 
 WEIGHTS = {f"layer{i}.weight": torch.full((64, 64), float(i)) for i in range(6)}
 

@@ -4,7 +4,7 @@ The driver calls :func:`success_summary` on the groups the coordinator's evaluat
 (no gate, no filter, greedy or sampled, one or k tries per task). As a CLI it evaluates any
 HF model folder (an SFT warm start, an exported policy, a hub model on machines that have it):
 
-    python -m selective_rollout.evaluate --checkpoint DIR --split valid_unseen [--tries 3 --sampled]
+    python -m selective_rollout.policy_eval --checkpoint DIR --split valid_unseen [--tries 3 --sampled]
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def run_evaluation(cfg: RunConfig, model_path: str | Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selective_rollout.evaluate",
+        prog="python -m selective_rollout.policy_eval",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

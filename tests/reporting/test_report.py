@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.records import GateRecord, GroupRecord, Outcome, Step, Trajectory
-from selective_rollout.report import regime_summary, rollout_summary, saving_estimate
+from selective_rollout.reporting.report import regime_summary, rollout_summary, saving_estimate
 
 
 def _group(outcome, task_type, actions, rewards, gate_step=None, tokens=10):
@@ -61,7 +61,7 @@ def test_regime_counts_outcome_kinds_lengths_and_distinct_divergences():
 
 
 def test_held_out_gain_is_paired_per_task():
-    from selective_rollout.evaluate import success_gain
+    from selective_rollout.policy_eval import success_gain
 
     before = {"per_task": {"a": 0.0, "b": 0.0, "c": 1.0, "gone": 1.0}}
     after = {"per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "new": 0.0}}

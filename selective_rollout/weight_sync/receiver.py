@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 
 class WeightReceiver:
-    """The engine's end of the weight-sync protocol in selective_rollout.sync_group."""
+    """The engine's end of the weight-sync protocol in selective_rollout.weight_sync.collective."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from selective_rollout.sync_group import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 
 def pack_specs(specs: list[TensorSpec]) -> list[tuple[str, list[int], str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from selective_rollout.serve import BadRequest, sampling_from_body, serve_subprocess
+from selective_rollout.integrations.serve import BadRequest, sampling_from_body, serve_subprocess
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ closes the connection; our server and vLLM's abort the generation) and let one s
 Its outcome is the group's answer; ``compare`` reports tokens saved and answer agreement against
 running all G (same seeds, so the two runs agree up to the cut).
 
-    python -m selective_rollout.infer --base-url http://127.0.0.1:8000/v1 --model M --games ROOT \\
-        --split valid_seen --g 4 --gate prefix_edit --gate-params '{"k": 3, "tau": 0.12}'
+    python -m selective_rollout.integrations.infer --base-url http://127.0.0.1:8000/v1 --model M \\
+        --games ROOT --split valid_seen --g 4 --gate prefix_edit --gate-params '{"k": 3, "tau": 0.12}'
 """
 
 from __future__ import annotations

@@ -18,13 +18,13 @@ import ray
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.records import Experience
-from selective_rollout.sync_group import TensorSpec, sync_ranks
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.learner import LearnerWorker
 from selective_rollout.trainer.losses import AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.trainer.objective import ZERO_ADV
 from selective_rollout.trainer.packing import check_experience, plan_micro_batches
+from selective_rollout.weight_sync.collective import TensorSpec, sync_ranks
 
 
 def shard_by_group(batch: Sequence[Experience], num_shards: int) -> list[list[int]]:
@@ -170,7 +170,7 @@ class LearnerGroup:
         """Send the current weights to every engine; returns the seconds it took.
 
         Over a process group (rank 0 = this group's rank-0 learner, then every engine worker,
-        ``sync_group.sync_ranks``; built on the
+        ``weight_sync.collective.sync_ranks``; built on the
         first call and rebuilt when the engine set changes): the specs go through Ray, then one
         broadcast per tensor. ``object_store``: the engines load a Ray object of all tensors.
         """

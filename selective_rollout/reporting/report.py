@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from selective_rollout.evaluate import success_gain
-from selective_rollout.metrics_log import read_metrics
 from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
+from selective_rollout.policy_eval import success_gain
 from selective_rollout.records import GroupRecord, Outcome, read_groups
+from selective_rollout.reporting.metrics_log import read_metrics
 from selective_rollout.stats import clopper_pearson
 
 

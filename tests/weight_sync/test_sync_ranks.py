@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from selective_rollout.sync_group import sync_ranks
+from selective_rollout.weight_sync.collective import sync_ranks
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

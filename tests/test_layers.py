@@ -1,0 +1,133 @@
+"""The package's layers (DESIGN.md 2.1.1): every import inside ``selective_rollout`` points down or
+sideways, never up, so that the gate library, the records and the environments stay usable without
+the coordinator, the learner or the driver.
+
+Read from the source with ``ast`` (module-level and deferred imports alike), so a new upward
+import fails here with the file and the line, whatever code path would have loaded it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "selective_rollout"
+
+# The floor of every module, by the longest dotted prefix that names it.
+FLOORS = {
+    "records": 1,
+    "registry": 1,
+    "stats": 1,
+    "models": 1,
+    "placement": 1,
+    "runtime": 1,
+    "gate": 1,
+    "envs": 1,
+    "config": 1,
+    "weight_sync": 1,
+    "reporting": 1,  # the package itself; its report module sits higher
+    "reporting.metrics_log": 1,
+    "rollout": 2,
+    "integrations": 2,
+    "trainer": 3,
+    "policy_eval": 3,
+    "sft": 3,
+    "reporting.report": 3,
+    "train": 4,
+    "experiment": 5,
+}
+
+# Deferred lookups of a registry that lives higher up, made only when a config is validated
+# (config/trainer.py, config/rollout.py say why): the registries own their parameters, and the
+# config floor reads them without importing the heavy modules at package import.
+ALLOWED_UPWARD = {
+    ("config.engine", "rollout.engines"),
+    ("config.rollout", "rollout.strategies"),
+    ("config.trainer", "trainer.losses"),
+    ("config.reference", "trainer.losses"),
+}
+
+
+def floor_of(module: str) -> int:
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in FLOORS:
+            return FLOORS[prefix]
+    raise KeyError(f"selective_rollout.{module} has no floor in tests/test_layers.py: add it to FLOORS")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def _submodule(module: str, name: str) -> str:
+    """``module.name`` when that is a module or package of ours, else ``module`` (a name in it)."""
+    path = PACKAGE.parent.joinpath(*module.split("."), name)
+    return f"{module}.{name}" if path.is_dir() or path.with_suffix(".py").is_file() else module
+
+
+def imported_modules(path: Path) -> list[tuple[str, int]]:
+    """(module inside the package, line) for every import of ``selective_rollout.*`` in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from selective_rollout.rollout import strategies`` imports the submodule
+            names = [_submodule(node.module, alias.name) for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("selective_rollout."):
+                found.append((name.removeprefix("selective_rollout."), node.lineno))
+    return found
+
+
+def upward_imports() -> list[str]:
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = module_name(path)
+        if not importer:
+            continue
+        own = floor_of(importer)
+        for target, line in imported_modules(path):
+            if floor_of(target) <= own:
+                continue
+            if (importer, target) in ALLOWED_UPWARD:
+                continue
+            rel = path.relative_to(PACKAGE.parent)
+            bad.append(
+                f"{rel}:{line}: floor {own} imports selective_rollout.{target} (floor {floor_of(target)})"
+            )
+    return bad
+
+
+def test_every_module_has_a_floor():
+    for path in PACKAGE.rglob("*.py"):
+        if module_name(path):
+            floor_of(module_name(path))
+
+
+def test_imports_only_point_down():
+    assert upward_imports() == []
+
+
+def test_an_upward_import_is_caught(tmp_path, monkeypatch):
+    """The check itself: a gate module that imports the coordinator is reported with its line."""
+    fake = tmp_path / "selective_rollout"
+    (fake / "gate").mkdir(parents=True)
+    (fake / "gate" / "bad.py").write_text("import os\nfrom selective_rollout.rollout.coordinator import X\n")
+    monkeypatch.setattr(f"{__name__}.PACKAGE", fake)
+    assert upward_imports() == [
+        "selective_rollout/gate/bad.py:2: floor 1 imports selective_rollout.rollout.coordinator (floor 2)"
+    ]
+
+
+@pytest.mark.parametrize("module", ["gate.policies", "records", "envs.alfworld", "weight_sync.collective"])
+def test_the_lowest_floor_is_floor_one(module):
+    assert floor_of(module) == 1
