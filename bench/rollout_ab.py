@@ -7,7 +7,14 @@ stream, back to back, and the script prints ratios:
    the cut groups' TP/FP judged by the ungated arm's outcome on the same task, and the ratio
    wall-saved / tokens-saved (target >= 0.9: the system turns saved work into time).
 2. concurrent coordinator vs the paper's lock-step loop (gate off): env steps/s and tokens/s
-   (target >= 3x).
+   (target >= 3x). The lock-step arm (``rollout.mode=lockstep``) is the paper's
+   ``rollout_group`` loop: one group at a time; each turn every live trajectory of the group
+   sends its request at once (one engine round, batched by the engine's decode batching) and then
+   all take one environment step together; each trajectory keeps its KV session across turns,
+   which is what the paper's vLLM server with ``enable_prefix_caching=True`` gives (its dialogue
+   prefix is not prefilled again). Where it cannot match: our transformers engine prefills the
+   new suffix of each request one request at a time while vLLM prefills a batch together, and the
+   paper's process steps its environments in a loop where ours are Ray workers.
 3. refill on, dapo vs selective+dapo: wall-clock per informative (non-zero-variance) group
    delivered (target >= 30% less).
 

@@ -297,14 +297,19 @@ class GroupCoordinator:
     async def _trajectory_loop(self, group: GroupRun, traj: TrajectoryRun) -> None:
         engine = self.engines[group.engine_index]
         while traj.live and not group.stopped:
-            turn = await self._generate(group, traj, engine, session=True)
+            turn = await self._generate(group, traj, engine)
             if turn is None or group.stopped:
                 return
             state = await self._env_step(group, {traj.episode_id: turn.command})
             self._apply(group, traj, turn, state[traj.episode_id])
 
     async def _run_group_lockstep(self, task: Task, group: GroupRun) -> None:
-        """The paper's loop: each turn all live trajectories generate, then all step together."""
+        """The paper's loop: each turn all live trajectories generate, then all step together.
+
+        Each trajectory keeps its KV session across turns, as the paper's vLLM server with
+        ``enable_prefix_caching=True`` re-uses the dialogue's prefix: a lock-step reference that
+        re-prefilled every turn would hand the concurrent coordinator a caching win that is not
+        concurrency's (issue 15)."""
         await self._open_group(task, group)
         engine = self.engines[group.engine_index]
         try:
@@ -312,7 +317,7 @@ class GroupCoordinator:
                 live = [t for t in group.trajectories if t.live]
                 if not live:
                     return
-                turns = await asyncio.gather(*(self._generate(group, t, engine, session=False) for t in live))
+                turns = await asyncio.gather(*(self._generate(group, t, engine) for t in live))
                 actions = {t.episode_id: turn.command for t, turn in zip(live, turns, strict=True)}
                 states = await self._env_step(group, actions)
                 for t, turn in zip(live, turns, strict=True):
@@ -320,17 +325,14 @@ class GroupCoordinator:
         finally:
             await self._close(group)
 
-    async def _generate(
-        self, group: GroupRun, traj: TrajectoryRun, engine: Any, session: bool
-    ) -> GeneratedTurn | None:
-        """One engine call for one trajectory: its reply parsed into a command, None on abort."""
+    async def _generate(self, group: GroupRun, traj: TrajectoryRun, engine: Any) -> GeneratedTurn | None:
+        """One engine call for one trajectory, in its KV session: its reply parsed into a command,
+        None on abort."""
         sampling = self._sampling(group, traj)
         traj.request_id = f"{traj.session_id}-s{len(traj.steps)}"
         prompt = traj.conversation.prompt_ids
         try:
-            completion = await engine.generate.remote(
-                traj.request_id, prompt, sampling, traj.session_id if session else None
-            )
+            completion = await engine.generate.remote(traj.request_id, prompt, sampling, traj.session_id)
         except (RayActorError, ConnectionError) as exc:  # the actor is gone: replaced by the driver
             self._dead_engines.add(group.engine_index)
             raise GroupFailed(f"engine {group.engine_index} died during {traj.request_id}: {exc}") from exc

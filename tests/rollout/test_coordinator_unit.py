@@ -37,6 +37,7 @@ class ScriptedEngine:
     released: list[str] = field(default_factory=list)
     in_flight: dict[str, asyncio.Event] = field(default_factory=dict)
     seeds: dict[tuple[int, str, str], int] = field(default_factory=dict)  # (game, traj, step) -> seed
+    sessions: dict[str, str | None] = field(default_factory=dict)  # request id -> its KV session
 
     def __post_init__(self):
         self.generate = _Remote(self._generate)
@@ -48,6 +49,7 @@ class ScriptedEngine:
         _, t, s = request_id.rsplit("-", 2)
         game = prompt[0]
         self.seeds[(game, t, s)] = sampling.seed
+        self.sessions[request_id] = session_id
         event = self.in_flight[request_id] = asyncio.Event()
         try:
             await asyncio.wait_for(event.wait(), timeout=self.delay)
@@ -355,6 +357,11 @@ def test_lockstep_mode_matches_the_paper_loop():
     # in lock-step every trajectory stops at exactly K actions
     assert all(len(t.steps) == 3 for t in cut.trajectories)
     assert not co.engine.aborted
+    # each trajectory generates every turn in its own KV session (prefix reuse, as the paper's
+    # vLLM with prefix caching), never from scratch
+    sessions = co.engine.sessions
+    assert sessions and None not in sessions.values()
+    assert all(session == request.rsplit("-s", 1)[0] for request, session in sessions.items())
 
 
 def test_sampling_seeds_follow_the_task_not_the_schedule():
