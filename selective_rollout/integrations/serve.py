@@ -1,12 +1,15 @@
 """An OpenAI-compatible chat server over our TransformersEngine, on loopback.
 
-Lets the inference-time gate (selective_rollout.integrations.infer) and any OpenAI client talk to the engines
-we already have, exactly as they would talk to ``vllm serve``. Endpoints: ``GET /v1/models`` and
-``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens, temperature, top_p,
-n, seed). A client that disconnects aborts its request in the engine, which is how a gated
-sample's generation is cut. Every field is checked before the engine sees it (one 400 naming
-it), a prompt longer than the model's context is refused, and ``ServerLimits`` bounds ``n``,
-``max_tokens`` and the tokens admitted at once (413 for a request that alone exceeds them).
+Lets the inference-time gate (selective_rollout.integrations.infer) and any OpenAI client talk to
+the engines we already have, exactly as they would talk to ``vllm serve``. Endpoints:
+``GET /v1/models`` and ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
+temperature, top_p, n, seed, stream, stream_options.include_usage). ``stream=true`` answers with
+server-sent events in OpenAI's chunk format (``choices[].delta``, ``finish_reason``, a final
+``usage`` chunk when ``include_usage`` is set, ``data: [DONE]``). A client that disconnects,
+streaming or not, aborts its request in the engine, which is how a gated sample's generation is
+cut. Every field is checked before the engine sees it (one 400 naming it), a prompt longer than
+the model's context is refused, and ``ServerLimits`` bounds ``n``, ``max_tokens`` and the tokens
+admitted at once (413 for a request that alone exceeds them).
 
     python -m selective_rollout.integrations.serve --model smollm2-135m-instruct --port 0
 prints ``listening on http://127.0.0.1:PORT`` once it accepts requests.
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import re
 import signal
@@ -33,7 +37,13 @@ from aiohttp import web
 
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.models import resolve_model
-from selective_rollout.rollout.engines.base import EngineError, RolloutEngine, SamplingParams
+from selective_rollout.rollout.engines.base import (
+    Completion,
+    EngineError,
+    RolloutEngine,
+    SamplingParams,
+    TextDelta,
+)
 
 HOST = "127.0.0.1"
 
@@ -109,6 +119,33 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
+def _stream_options(body: dict[str, Any]) -> bool | None:
+    """``None`` for a plain request, else whether the stream ends with a usage chunk."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"'stream' must be true or false, got {stream!r}")
+    options = body.get("stream_options")
+    if options is None:
+        return False if stream else None
+    if not stream:
+        raise BadRequest("'stream_options' is only allowed with stream=true")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise BadRequest(f"'stream_options' must be an object with only 'include_usage', got {options!r}")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise BadRequest(f"'stream_options.include_usage' must be true or false, got {include!r}")
+    return include
+
+
+def _usage(done: Completion) -> dict[str, int]:
+    completion_tokens = sum(len(o.token_ids) for o in done.outputs)
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": done.prompt_tokens + completion_tokens,
+    }
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
 
@@ -160,8 +197,7 @@ class ChatServer:
             body = await request.json()
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            if body.get("stream"):
-                raise BadRequest("stream=true is not supported")
+            include_usage = _stream_options(body)
             if body.get("model") not in (None, self.model_name):
                 return _error(
                     404, f"model {body.get('model')!r} is not served here; serving {self.model_name!r}"
@@ -179,8 +215,11 @@ class ChatServer:
                 f"request too large: n x (prompt + max_tokens) = {budget} tokens, over this server's "
                 f"{self.limits.max_admitted_tokens} (--max-admitted-tokens)",
             )
+        rid = f"chatcmpl-{next(self._ids)}"
+        if include_usage is not None:
+            async with self._admitted(budget):
+                return await self._stream(request, rid, messages, sampling, include_usage)
         async with self._admitted(budget):
-            rid = f"chatcmpl-{next(self._ids)}"
             task = asyncio.ensure_future(self.engine.generate(rid, messages, sampling))
             try:
                 done = await asyncio.shield(task)
@@ -191,7 +230,6 @@ class ChatServer:
                 raise
             except EngineError as exc:
                 return _error(400, str(exc))
-        completion_tokens = sum(len(o.token_ids) for o in done.outputs)
         return web.json_response(
             {
                 "id": rid,
@@ -206,13 +244,67 @@ class ChatServer:
                     }
                     for o in done.outputs
                 ],
-                "usage": {
-                    "prompt_tokens": done.prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": done.prompt_tokens + completion_tokens,
-                },
+                "usage": _usage(done),
             }
         )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        rid: str,
+        messages: list[dict[str, str]],
+        sampling: SamplingParams,
+        include_usage: bool,
+    ) -> web.StreamResponse | web.Response:
+        """Server-sent events as the engine decodes. The first event is awaited before the
+        response starts, so a request the engine refuses still gets its plain 400; an engine
+        error later in the stream is sent as an ``error`` event (the status is already out)."""
+        created = int(time.time())
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            body = {"id": rid, "object": "chat.completion.chunk", "created": created}
+            body |= {"model": self.model_name, "choices": choices, **extra}
+            return f"data: {json.dumps(body)}\n\n".encode()
+
+        usage_field = {"usage": None} if include_usage else {}
+        events = self.engine.stream(rid, messages, sampling)
+        response: web.StreamResponse | None = None
+        try:
+            try:
+                first = await anext(events)
+            except EngineError as exc:
+                return _error(400, str(exc))
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            role = {"role": "assistant", "content": ""}
+            for i in range(sampling.n):
+                opening = {"index": i, "delta": role, "finish_reason": None}
+                await response.write(chunk([opening], **usage_field))
+            event: TextDelta | Completion = first
+            while True:
+                if isinstance(event, Completion):
+                    if include_usage:
+                        await response.write(chunk([], usage=_usage(event)))
+                    break
+                delta = {"content": event.text} if event.text else {}
+                choice = {"index": event.index, "delta": delta, "finish_reason": event.finish_reason}
+                await response.write(chunk([choice], **usage_field))
+                try:
+                    event = await anext(events)
+                except EngineError as exc:
+                    error = {"message": str(exc), "type": "server_error"}
+                    await response.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+                    break
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away mid-stream
+            self.aborted += 1
+            raise
+        finally:
+            await events.aclose()  # aborts the request in the engine if it is still running
 
 
 async def serve(server: ChatServer, port: int = 0) -> tuple[web.AppRunner, int]:

@@ -91,3 +91,102 @@ def test_a_request_larger_than_the_admission_budget_gets_413(base_url) -> None:
     with httpx.Client(base_url=base_url + "/", timeout=60) as c:
         r = c.post("chat/completions", json=body)
     assert r.status_code == 413 and "--max-admitted-tokens" in r.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- streaming (stream=true)
+GREEDY = {"messages": [{"role": "user", "content": "Name three colours."}], "temperature": 0}
+GREEDY["max_tokens"] = 12
+
+
+def _plain(base_url: str, **extra) -> dict:
+    with httpx.Client(base_url=base_url + "/", timeout=120) as c:
+        return c.post("chat/completions", json={**GREEDY, **extra}).json()
+
+
+def test_the_openai_client_streams_what_a_plain_request_returns(base_url) -> None:
+    """The official client, sync, n=2 greedy: per choice the deltas add up to the plain reply,
+    each choice ends with its finish reason, and the usage chunk comes last and matches."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=120)
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm2", stream=True, n=2, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
+    plain = _plain(base_url, n=2)
+    texts, finish = {0: "", 1: ""}, {}
+    for chunk in chunks[:-1]:
+        assert chunk.object == "chat.completion.chunk" and chunk.usage is None
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason is not None:
+                finish[choice.index] = choice.finish_reason
+    assert [texts[i] for i in (0, 1)] == [ch["message"]["content"] for ch in plain["choices"]]
+    assert texts[0] and finish == {i: ch["finish_reason"] for i, ch in enumerate(plain["choices"])}
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump(exclude_none=True) == plain["usage"]
+    assert len(chunks) > 4  # the text came in pieces, not as one
+
+
+def test_the_async_openai_client_streams_without_a_usage_chunk(base_url) -> None:
+    import asyncio
+
+    import openai
+
+    async def stream() -> list:
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", timeout=120)
+        return [c async for c in await client.chat.completions.create(model="smollm2", stream=True, **GREEDY)]
+
+    chunks = asyncio.run(stream())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == _plain(base_url)["choices"][0]["message"]["content"]
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_bad_stream_fields_get_one_400(base_url) -> None:
+    with httpx.Client(base_url=base_url + "/", timeout=60) as c:
+        for extra, words in [
+            ({"stream": "yes"}, "'stream' must be true or false"),
+            ({"stream_options": {"include_usage": True}}, "only allowed with stream=true"),
+            ({"stream": True, "stream_options": {"include_usage": 1}}, "include_usage"),
+            ({"stream": True, "max_tokens": 0}, "max_tokens"),
+        ]:
+            r = c.post("chat/completions", json={**GREEDY, **extra})
+            assert r.status_code == 400 and words in r.json()["error"]["message"], (extra, r.text)
+
+
+def test_a_client_that_leaves_mid_stream_aborts_its_generation(smollm2_path) -> None:
+    """In process, so the engine can be looked at: httpx reads one event of a long stream and
+    closes the connection; the server aborts the request (nothing left in the engine), and the
+    next request is served."""
+    import asyncio
+
+    from selective_rollout.config.engine import EngineConfig
+    from selective_rollout.integrations.serve import ChatServer, serve
+    from selective_rollout.rollout.engines.transformers_engine import TransformersEngine
+
+    async def scenario() -> tuple[int, int, int, int]:
+        engine = TransformersEngine(EngineConfig(), smollm2_path)
+        server = ChatServer(engine, "smollm2", engine.prompt_length)
+        runner, port = await serve(server)
+        long = {**GREEDY, "max_tokens": 2000, "stream": True}
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/v1/", timeout=120) as c:
+                async with c.stream("POST", "chat/completions", json=long) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            break
+                for _ in range(200):  # the server notices the closed connection
+                    if server.aborted and not engine._requests:
+                        break
+                    await asyncio.sleep(0.05)
+                generated = (await engine.health())["generated_tokens"]
+                after = await c.post("chat/completions", json=GREEDY)
+            return server.aborted, len(engine._requests), generated, after.status_code
+        finally:
+            await runner.cleanup()
+            await engine.shutdown()
+
+    aborted, in_flight, generated, status = asyncio.run(scenario())
+    assert (aborted, in_flight, status) == (1, 0, 200)
+    assert generated < 2000  # the long reply was cut, not decoded to its end

@@ -99,6 +99,16 @@ class Completion:
     outputs: list[CompletionOutput]
 
 
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of one output's text as it is decoded (streaming): the text added since the last
+    delta of output ``index``, and its finish reason on the output's last delta."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason | None = None
+
+
 class BackendParams(BaseModel):
     """Base of a back-end's own parameters: they become flat ``engine.*`` keys, accepted only with
     that back-end selected (the shared ones, model, sampling and resources, are EngineConfig's)."""

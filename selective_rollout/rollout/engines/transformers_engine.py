@@ -14,7 +14,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import deque
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from selective_rollout.rollout.engines.base import (
     EngineError,
     RolloutEngine,
     SamplingParams,
+    TextDelta,
 )
 from selective_rollout.rollout.engines.growing_cache import GrowingCache
 from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore
@@ -49,6 +51,8 @@ class _Request:
     session_id: str | None
     future: asyncio.Future
     trie: ChoiceTrie | None
+    # called from the engine's worker thread with (output index, token) as each token is sampled
+    on_token: Callable[[int, int], None] | None = None
     aborted: bool = False
     cached_prompt_tokens: int = 0
     seqs: list[_Seq] = field(default_factory=list)
@@ -207,6 +211,62 @@ class TransformersEngine(RolloutEngine):
         sampling: SamplingParams,
         session_id: str | None = None,
     ) -> Completion:
+        return await self._generate(request_id, prompt, sampling, session_id)
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt: list[int] | list[dict],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+    ) -> AsyncIterator[TextDelta | Completion]:
+        """``generate``, streamed: a ``TextDelta`` for each output as new text decodes (each
+        output's last delta carries its finish reason), then the request's ``Completion`` (usage,
+        token ids, log-probs). Closing the iterator early aborts the request, which is how a
+        server frees the engine when its client goes away. The deltas of an output add up to its
+        final text exactly; text ending in an incomplete UTF-8 character is held back until the
+        character is whole."""
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+
+        def on_token(index: int, token: int) -> None:  # the worker thread
+            loop.call_soon_threadsafe(tokens.put_nowait, (index, token))
+
+        task = asyncio.ensure_future(self._generate(request_id, prompt, sampling, session_id, on_token))
+        decoded: dict[int, list[int]] = defaultdict(list)
+        sent: dict[int, str] = defaultdict(str)
+        try:
+            # every token is queued before the step that sampled it returns, so once the request
+            # is done the queue holds all of its tokens
+            while not (task.done() and tokens.empty()):
+                getter = asyncio.ensure_future(tokens.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    continue
+                index, token = getter.result()
+                decoded[index].append(token)
+                text = self.tokenizer.decode(decoded[index], skip_special_tokens=True)
+                if len(text) > len(sent[index]) and not text.endswith("\ufffd"):
+                    yield TextDelta(index, text[len(sent[index]) :])
+                    sent[index] = text
+            completion = task.result()
+            for out in completion.outputs:
+                yield TextDelta(out.index, out.text[len(sent[out.index]) :], out.finish_reason)
+            yield completion
+        finally:
+            if not task.done():  # the consumer stopped early (a client that went away)
+                await self.abort([request_id])
+                await asyncio.wait([task])
+
+    async def _generate(
+        self,
+        request_id: str,
+        prompt: list[int] | list[dict],
+        sampling: SamplingParams,
+        session_id: str | None,
+        on_token: Callable[[int, int], None] | None = None,
+    ) -> Completion:
         if self._closed:
             raise EngineError(f"request {request_id}: engine is shut down")
         sampling.validate()
@@ -227,6 +287,7 @@ class TransformersEngine(RolloutEngine):
             session_id,
             asyncio.get_running_loop().create_future(),
             self._trie(sampling.choices) if sampling.choices else None,
+            on_token,
         )
         self._requests[request_id] = req
         self._pending.append(req)
@@ -435,6 +496,8 @@ class TransformersEngine(RolloutEngine):
         seq.tokens.append(token)
         seq.logprobs.append(float(logprobs[token]))
         self._stats["generated_tokens"] += 1
+        if seq.req.on_token is not None:
+            seq.req.on_token(seq.index, token)
         if seq.trie is not None:
             seq.trie.advance(token)
             if seq.trie.done:
