@@ -16,7 +16,8 @@ from pathlib import Path
 
 from alfworld_env import ensure_games, load_games
 from selective_rollout.gate import build_gate
-from selective_rollout.integrations.infer import LoopConfig, compare, summarise
+from selective_rollout.integrations.agent_loop import LoopConfig
+from selective_rollout.integrations.infer import compare, summarise
 from selective_rollout.integrations.serve import serve_subprocess
 from selective_rollout.models import resolve_model
 

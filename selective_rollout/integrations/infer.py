@@ -16,122 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass
 
 import httpx
 
-from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.gate import Gate, build_gate
-from selective_rollout.integrations.episodes import ThreadedEpisode
-from selective_rollout.integrations.live_group import LiveGroup
-from selective_rollout.rollout.actions import parse_action
-from selective_rollout.rollout.prompts import system_prompt, user_text
-
-
-@dataclass
-class SampleResult:
-    actions: list[str] = field(default_factory=list)
-    won: bool = False
-    cut: bool = False
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-
-
-@dataclass
-class GroupResult:
-    game: str
-    samples: list[SampleResult]
-    fired: bool
-    cut_step: int | None
-    reason: str
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(s.completion_tokens for s in self.samples)
-
-    @property
-    def answer(self) -> bool:
-        """Best-of-N success over the samples that ran to the end (the survivor, when cut)."""
-        return any(s.won for s in self.samples if not s.cut)
-
-
-@dataclass
-class LoopConfig:
-    model: str
-    max_steps: int = 10
-    max_tokens: int = 48
-    temperature: float = 1.0
-    seed: int = 0
-    fuzzy_threshold: float = 0.85
-
-
-class ChatEndpointError(RuntimeError):
-    """The endpoint answered with an error or an unexpected body; the message says which."""
-
-
-async def _chat(
-    client: httpx.AsyncClient, cfg: LoopConfig, messages: list[dict], seed: int
-) -> dict[str, Any]:
-    body = {
-        "model": cfg.model,
-        "messages": messages,
-        "max_tokens": cfg.max_tokens,
-        "temperature": cfg.temperature,
-        "seed": seed,
-    }
-    resp = await client.post("chat/completions", json=body)
-    if resp.status_code != 200:
-        raise ChatEndpointError(f"{resp.request.url} answered {resp.status_code}: {resp.text[:300]}")
-    data = resp.json()
-    try:
-        return {"text": data["choices"][0]["message"]["content"] or "", "usage": data.get("usage") or {}}
-    except (KeyError, IndexError, TypeError):
-        raise ChatEndpointError(
-            f"{resp.request.url} returned no choices[0].message: {str(data)[:300]}"
-        ) from None
-
-
-async def _sample(
-    client: httpx.AsyncClient, cfg: LoopConfig, group: LiveGroup, i: int, game_dir: str
-) -> SampleResult:
-    res = SampleResult()
-    episode, ob = await ThreadedEpisode.open(game_dir)
-    messages = [{"role": "system", "content": system_prompt("react", Alfworld.prompt)}]
-    try:
-        for step in range(cfg.max_steps):
-            messages.append({"role": "user", "content": user_text(ob.obs, ob.admissible)})
-            reply = await group.unless_cut(
-                i, _chat(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step)
-            )
-            if reply is None:
-                break
-            res.completion_tokens += int(reply["usage"].get("completion_tokens", 0))
-            res.prompt_tokens += int(reply["usage"].get("prompt_tokens", 0))
-            messages.append({"role": "assistant", "content": reply["text"]})
-            command = parse_action(reply["text"], ob.admissible, "react", cfg.fuzzy_threshold).command
-            ob = await episode.step(command)
-            res.actions.append(command)
-            res.won = ob.won
-            group.record(i, command)
-            if ob.won or group.cut[i]:
-                break
-    finally:
-        group.end(i)
-        await episode.close()
-    res.cut = group.cut[i]
-    return res
-
-
-async def run_group(
-    client: httpx.AsyncClient, cfg: LoopConfig, game_dir: str | Path, g: int, gate: Gate, survivors: int = 1
-) -> GroupResult:
-    """Run G samples of one game concurrently; when the gate fires, all but ``survivors`` are cut."""
-    group = LiveGroup(gate, g, survivors)
-    samples = await asyncio.gather(*[_sample(client, cfg, group, i, str(game_dir)) for i in range(g)])
-    reason = group.decision.reason if group.decision else "not fired"
-    return GroupResult(str(game_dir), list(samples), group.fired, group.cut_step, reason)
+from selective_rollout.integrations.agent_loop import LoopConfig, alfworld_game, run_group
 
 
 @dataclass
@@ -156,8 +46,8 @@ async def compare(
     out = []
     async with httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", timeout=timeout_s) as client:
         for game in games:
-            full = await run_group(client, cfg, game, g, build_gate("none"))
-            gated = await run_group(client, cfg, game, g, gate)
+            full = await run_group(client, cfg, alfworld_game(game), g, build_gate("none"))
+            gated = await run_group(client, cfg, alfworld_game(game), g, gate)
             out.append(
                 Comparison(
                     game,

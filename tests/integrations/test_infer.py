@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from selective_rollout.gate import build_gate
-from selective_rollout.integrations.infer import LoopConfig, compare, summarise
+from selective_rollout.integrations.agent_loop import LoopConfig
+from selective_rollout.integrations.infer import compare, summarise
 from selective_rollout.integrations.serve import serve_subprocess
 
 
@@ -33,7 +34,7 @@ def test_converged_samples_keep_one_survivor_and_save_tokens(base_url, tiny_game
 
 def test_an_error_from_the_endpoint_names_it(base_url, tiny_games) -> None:
     from alfworld_env import load_games
-    from selective_rollout.integrations.infer import ChatEndpointError
+    from selective_rollout.integrations.agent_loop import ChatEndpointError
 
     game = load_games(tiny_games, "train")[0].game_dir
     cfg = LoopConfig(model="no-such-model", max_steps=1, max_tokens=4)

@@ -1,0 +1,177 @@
+"""G samples of one agent task against any OpenAI-compatible chat endpoint, watched by a gate.
+
+The loop the inference-time gate (``integrations.infer``) and the LangGraph node
+(``integrations.langgraph``) share. Each sample has its own conversation and its own environment
+episode (never one message list for all G); after every environment step its whole action goes to
+a ``LiveGroup``, so the gate compares actions, not strings of text; when the gate fires, the
+samples it cuts have their in-flight request cancelled (the HTTP connection closes, which aborts
+the generation in our server and in ``vllm serve``) and ``survivors`` of them run to the end.
+
+An environment is anything an ``EpisodeSource`` can open: an episode with async ``step`` and
+``close`` whose observations have ``obs`` (text), ``admissible`` (commands, [] if free-form),
+``won`` and ``done``, and the system prompt to play it with. ``alfworld_game`` is the one for our
+ALFWorld games.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from selective_rollout.envs.alfworld import Alfworld
+from selective_rollout.gate import Gate
+from selective_rollout.integrations.episodes import ThreadedEpisode
+from selective_rollout.integrations.live_group import LiveGroup
+from selective_rollout.rollout.actions import parse_action
+from selective_rollout.rollout.prompts import system_prompt, user_text
+
+
+class AgentObservation(Protocol):
+    obs: str
+    admissible: list[str]
+    won: bool
+
+    @property
+    def done(self) -> bool: ...
+
+
+class AgentEpisode(Protocol):
+    async def step(self, command: str) -> AgentObservation: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSource:
+    """How to start one sample's episode of the task (called G times), and the system prompt."""
+
+    name: str
+    open: Callable[[], Awaitable[tuple[AgentEpisode, AgentObservation]]]
+    system_prompt: str
+
+
+def alfworld_game(game_dir: str | Path) -> EpisodeSource:
+    """An ALFWorld game folder (``alfworld_env``'s layout) as an episode source."""
+    return EpisodeSource(
+        str(game_dir), lambda: ThreadedEpisode.open(game_dir), system_prompt("react", Alfworld.prompt)
+    )
+
+
+@dataclass
+class SampleResult:
+    actions: list[str] = field(default_factory=list)
+    won: bool = False
+    cut: bool = False
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass
+class GroupResult:
+    game: str
+    samples: list[SampleResult]
+    fired: bool
+    cut_step: int | None
+    reason: str
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.samples)
+
+    @property
+    def answer(self) -> bool:
+        """Best-of-N success over the samples that ran to the end (the survivor, when cut)."""
+        return any(s.won for s in self.samples if not s.cut)
+
+    @property
+    def tokens_saved_estimate(self) -> int:
+        """Completion tokens the cut samples would still have spent, estimated: each cut sample,
+        at its own mean tokens per reply so far, for as many more replies as the longest survivor
+        took after the cut. An estimate (nobody ran them), which is why it is named so."""
+        if self.cut_step is None:
+            return 0
+        more = max((len(s.actions) - self.cut_step for s in self.samples if not s.cut), default=0)
+        per_reply = [s.completion_tokens / len(s.actions) for s in self.samples if s.cut and s.actions]
+        return round(sum(per_reply) * max(more, 0))
+
+
+@dataclass
+class LoopConfig:
+    model: str
+    max_steps: int = 10
+    max_tokens: int = 48
+    temperature: float = 1.0
+    seed: int = 0
+    fuzzy_threshold: float = 0.85
+
+
+class ChatEndpointError(RuntimeError):
+    """The endpoint answered with an error or an unexpected body; the message says which."""
+
+
+async def _chat(
+    client: httpx.AsyncClient, cfg: LoopConfig, messages: list[dict], seed: int
+) -> dict[str, Any]:
+    body = {
+        "model": cfg.model,
+        "messages": messages,
+        "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature,
+        "seed": seed,
+    }
+    resp = await client.post("chat/completions", json=body)
+    if resp.status_code != 200:
+        raise ChatEndpointError(f"{resp.request.url} answered {resp.status_code}: {resp.text[:300]}")
+    data = resp.json()
+    try:
+        return {"text": data["choices"][0]["message"]["content"] or "", "usage": data.get("usage") or {}}
+    except (KeyError, IndexError, TypeError):
+        raise ChatEndpointError(
+            f"{resp.request.url} returned no choices[0].message: {str(data)[:300]}"
+        ) from None
+
+
+async def _sample(
+    client: httpx.AsyncClient, cfg: LoopConfig, group: LiveGroup, i: int, source: EpisodeSource
+) -> SampleResult:
+    res = SampleResult()
+    episode, ob = await source.open()
+    messages = [{"role": "system", "content": source.system_prompt}]
+    try:
+        for step in range(cfg.max_steps):
+            messages.append({"role": "user", "content": user_text(ob.obs, ob.admissible)})
+            reply = await group.unless_cut(
+                i, _chat(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step)
+            )
+            if reply is None:
+                break
+            res.completion_tokens += int(reply["usage"].get("completion_tokens", 0))
+            res.prompt_tokens += int(reply["usage"].get("prompt_tokens", 0))
+            messages.append({"role": "assistant", "content": reply["text"]})
+            command = parse_action(reply["text"], ob.admissible, "react", cfg.fuzzy_threshold).command
+            ob = await episode.step(command)
+            res.actions.append(command)
+            res.won = ob.won
+            group.record(i, command)
+            if ob.done or group.cut[i]:
+                break
+    finally:
+        group.end(i)
+        await episode.close()
+    res.cut = group.cut[i]
+    return res
+
+
+async def run_group(
+    client: httpx.AsyncClient, cfg: LoopConfig, source: EpisodeSource, g: int, gate: Gate, survivors: int = 1
+) -> GroupResult:
+    """Run G samples of one task concurrently; when the gate fires, all but ``survivors`` are cut."""
+    group = LiveGroup(gate, g, survivors)
+    samples = await asyncio.gather(*[_sample(client, cfg, group, i, source) for i in range(g)])
+    reason = group.decision.reason if group.decision else "not fired"
+    return GroupResult(source.name, list(samples), group.fired, group.cut_step, reason)
