@@ -30,16 +30,17 @@ class LoraConfig(Section):
 class TrainerConfig(Section):
     """The learner: GRPO objective, optimiser, DeepSpeed, LoRA, weight sync, checkpoints.
 
-    Besides the keys declared here, the parameters of the registered policy losses, aggregations
-    and KL estimators (selective_rollout.trainer.losses) are keys of this section, e.g.
-    ppo_clip's ``clip_low`` and ``clip_high``; any other key is refused."""
+    Besides the keys declared here, the parameters of the registered policy losses, aggregations,
+    KL estimators and advantage estimators (selective_rollout.trainer.losses) are keys of this
+    section, e.g. ppo_clip's ``clip_low`` and ``clip_high``, grpo's ``advantage_eps``; any other key
+    is refused."""
 
     model_config = ConfigDict(extra="allow")  # only the loss parameters, checked by _loss_parameters
 
-    # advantages (selective_rollout.trainer.advantages registry; a new estimator adds its name here)
-    advantage: Literal["grpo", "drgrpo"] = "grpo"
-    advantage_eps: float = Field(1e-6, gt=0.0)
     # policy objective: each name is an entry of its registry in selective_rollout.trainer.losses
+    advantage: str = Field(
+        "grpo", description="group-relative advantage estimator: grpo, drgrpo (trainer/losses/advantage.py)"
+    )
     policy_loss: str = Field("ppo_clip", description="per-token policy loss (trainer/losses/policy.py)")
     loss_agg: str = Field(
         "token-mean",
@@ -87,7 +88,7 @@ class TrainerConfig(Section):
         given = {key: value for key, value in data.items() if key not in cls.model_fields}
         return {**declared, **_losses().parameters_model().model_validate(given).model_dump()}
 
-    @field_validator("policy_loss", "loss_agg", "kl_estimator")
+    @field_validator("advantage", "policy_loss", "loss_agg", "kl_estimator")
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
         _losses().REGISTRIES[info.field_name].get(value)

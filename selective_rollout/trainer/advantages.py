@@ -1,65 +1,36 @@
-"""Group-relative advantage estimators, one function each, behind a registry.
+"""One advantage per experience, by the group-relative estimator ``trainer.advantage`` names.
 
-Every estimator maps the final rewards of one group (the G rollouts of a task) to one
-advantage per rollout; the learner broadcasts it over that rollout's policy tokens. A new
-estimator is one decorated function here plus its name in ``TrainerConfig.advantage``.
+The estimators are a registry of their own (``trainer/losses/advantage.py``); this module applies
+one within each group of a batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from selective_rollout.records import Experience
-
-Estimator = Callable[[np.ndarray, float], np.ndarray]
-ESTIMATORS: dict[str, Estimator] = {}
+from selective_rollout.trainer.losses.advantage import ADVANTAGES, AdvantageEstimator
 
 
-def register(name: str) -> Callable[[Estimator], Estimator]:
-    def wrap(fn: Estimator) -> Estimator:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
-
-
-@register("grpo")
-def grpo(rewards: np.ndarray, eps: float) -> np.ndarray:
-    """GRPO: ``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use.
-
-    A group of one has no spread to learn from, so its advantage is 0 rather than NaN.
-    """
-    if rewards.size < 2:
-        return np.zeros_like(rewards)
-    return (rewards - rewards.mean()) / (rewards.std(ddof=1) + eps)
-
-
-@register("drgrpo")
-def drgrpo(rewards: np.ndarray, eps: float) -> np.ndarray:
-    """Dr.GRPO: ``r - mean`` without the std, which up-weights easy/hard prompts in GRPO (Liu et al. 2025)."""
-    del eps
-    return rewards - rewards.mean()
-
-
-def compute_advantages(batch: Sequence[Experience], estimator: str, eps: float = 1e-6) -> list[float]:
-    """One advantage per experience, normalised within its ``group_id``.
+def compute_advantages(
+    batch: Sequence[Experience], estimator: str | AdvantageEstimator = "grpo"
+) -> list[float]:
+    """One advantage per experience, normalised within its ``group_id``: ``estimator`` is a
+    registered name (at its default parameters) or an estimator bound to the run's
+    (``ADVANTAGES.build(cfg.advantage, cfg)``).
 
     Experiences of a group are the segments or trajectories the coordinator produced for one
     task; they need not be adjacent in ``batch``.
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; known: {sorted(ESTIMATORS)}")
-    fn = ESTIMATORS[estimator]
+    fn = ADVANTAGES.get(estimator)() if isinstance(estimator, str) else estimator
     by_group: dict[str, list[int]] = {}
     for i, exp in enumerate(batch):
         by_group.setdefault(exp.group_id, []).append(i)
     out = [0.0] * len(batch)
     for idx in by_group.values():
-        adv = fn(np.array([batch[i].reward for i in idx], dtype=np.float64), eps)
+        adv = fn(np.array([batch[i].reward for i in idx], dtype=np.float64))
         for i, a in zip(idx, adv, strict=True):
             out[i] = float(a)
     return out

@@ -21,7 +21,7 @@ from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.learner import LearnerWorker
-from selective_rollout.trainer.losses import AGGREGATIONS, POLICY_LOSSES
+from selective_rollout.trainer.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.trainer.objective import ZERO_ADV
 from selective_rollout.trainer.packing import check_experience, plan_micro_batches
 from selective_rollout.weight_sync.collective import TensorSpec, sync_ranks
@@ -96,7 +96,7 @@ class LearnerGroup:
         for exp in batch:
             check_experience(exp)
         start = time.perf_counter()
-        advantages = compute_advantages(batch, self.cfg.advantage, self.cfg.advantage_eps)
+        advantages = compute_advantages(batch, ADVANTAGES.build(self.cfg.advantage, self.cfg))
         aggregation = AGGREGATIONS.build(self.cfg.loss_agg, self.cfg)
         denominator = aggregation.denominator([e.num_policy_tokens for e in batch])
         informative = [i for i, a in enumerate(advantages) if abs(a) > ZERO_ADV]

@@ -3,6 +3,7 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
 from pydantic import Field
@@ -12,10 +13,12 @@ from selective_rollout.config import ConfigError, load_config
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.losses import (
+    ADVANTAGES,
     AGGREGATIONS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     REGISTRIES,
+    AdvantageEstimator,
     Aggregation,
     PolicyLoss,
     batch_denominator,
@@ -163,3 +166,33 @@ def test_a_registered_toy_aggregation_is_selected_by_config(model):
         total, _ = micro_batch_loss(model, mb, cfg, AGGREGATIONS.build(cfg.loss_agg, cfg).denominator(tokens))
     assert total.item() == pytest.approx(mean.item() * sum(tokens), rel=1e-9)
     assert "toy-token-sum" not in AGGREGATIONS.entries
+
+
+def register_rank_advantage() -> None:
+    @ADVANTAGES.register("toy_rank")
+    class Rank(AdvantageEstimator):
+        """Centred ranks of the rewards, times a scale: robust to reward outliers."""
+
+        rank_scale: float = Field(1.0, gt=0.0, description="toy_rank: multiplies the centred ranks")
+
+        def __call__(self, rewards: np.ndarray) -> np.ndarray:
+            ranks = rewards.argsort().argsort().astype(np.float64)
+            return self.rank_scale * (ranks - ranks.mean())
+
+
+def test_a_registered_toy_advantage_is_selected_by_config_and_trains(model):
+    """One decorated class is a new advantage estimator: config accepts its name and parameter,
+    and the learner's loss is computed from the advantages it gives."""
+    batch = make_batch(4, {"a": [0.0, 10.0, 1.0], "b": [2.0, 2.0, 2.0]})
+    with scratch_registries():
+        register_rank_advantage()
+        cfg = load_config(None, ["trainer.advantage=toy_rank", "trainer.rank_scale=2.0"]).trainer
+        adv = compute_advantages(batch, ADVANTAGES.build(cfg.advantage, cfg))
+    assert adv == pytest.approx([-2.0, 2.0, 0.0, -2.0, 0.0, 2.0])  # ties ranked by position
+    mb = collate(batch, adv)
+    denom = batch_denominator(cfg.loss_agg, [e.num_policy_tokens for e in batch])
+    loss, _ = micro_batch_loss(model, mb, cfg, denom)
+    assert torch.isfinite(loss) and loss.item() != 0.0
+    assert "toy_rank" not in ADVANTAGES.entries
+    with pytest.raises(ConfigError, match=r"trainer\.advantage: unknown advantage estimator 'toy_rank'"):
+        load_config(None, ["trainer.advantage=toy_rank"])

@@ -2,7 +2,8 @@
 
 - ``POLICY_LOSSES`` (``trainer.policy_loss``): per-token loss, e.g. PPO-clip with clip-higher;
 - ``AGGREGATIONS`` (``trainer.loss_agg``): how per-token losses add up to the batch loss;
-- ``KL_ESTIMATORS`` (``trainer.kl_estimator``): per-token KL to a reference policy.
+- ``KL_ESTIMATORS`` (``trainer.kl_estimator``): per-token KL to a reference policy;
+- ``ADVANTAGES`` (``trainer.advantage``): a group's rewards to its rollouts' advantages.
 
 A new component is one class with ``@REGISTRY.register("name")`` in a module imported here.
 Its fields are its parameters and become flat ``trainer.*`` keys; ``parameters_model`` gathers
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, create_model
 from pydantic.fields import FieldInfo
 
+from selective_rollout.trainer.losses.advantage import ADVANTAGES, AdvantageEstimator
 from selective_rollout.trainer.losses.aggregation import (
     AGGREGATIONS,
     Aggregation,
@@ -30,6 +32,7 @@ REGISTRIES: dict[str, Registry] = {
     "policy_loss": POLICY_LOSSES,
     "loss_agg": AGGREGATIONS,
     "kl_estimator": KL_ESTIMATORS,
+    "advantage": ADVANTAGES,
 }
 
 
@@ -57,16 +60,18 @@ def parameters_model() -> type[BaseModel]:
     return create_model(  # type: ignore[call-overload]
         "LossParameters",
         __config__=ConfigDict(extra="forbid"),
-        __doc__="Parameters of the registered policy losses, aggregations and KL estimators.",
+        __doc__="Parameters of the registered policy losses, aggregations, KL estimators and advantages.",
         **fields,
     )
 
 
 __all__ = [
+    "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "REGISTRIES",
+    "AdvantageEstimator",
     "Aggregation",
     "KLEstimator",
     "PolicyLoss",

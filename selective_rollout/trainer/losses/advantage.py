@@ -1,0 +1,46 @@
+"""Group-relative advantage estimators: the final rewards of one group (the G rollouts of a task)
+to one advantage per rollout, which the learner broadcasts over that rollout's policy tokens.
+
+Each is an ``@ADVANTAGES.register`` class that ``trainer.advantage`` names; its fields are its
+parameters (flat ``trainer.*`` keys, like the losses'), so a new estimator is one class here or
+in any module imported before the config is validated.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+from pydantic import Field
+
+from selective_rollout.trainer.losses.registry import Entry, Registry
+
+
+class AdvantageEstimator(Entry, ABC):
+    """Maps one group's rewards to its advantages; a group of one has no spread: all zeros."""
+
+    @abstractmethod
+    def __call__(self, rewards: np.ndarray) -> np.ndarray: ...
+
+
+ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
+
+
+@ADVANTAGES.register("grpo")
+class GRPO(AdvantageEstimator):
+    """``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use."""
+
+    advantage_eps: float = Field(1e-6, gt=0.0, description="grpo: added to the group's std before dividing")
+
+    def __call__(self, rewards: np.ndarray) -> np.ndarray:
+        if rewards.size < 2:
+            return np.zeros_like(rewards)
+        return (rewards - rewards.mean()) / (rewards.std(ddof=1) + self.advantage_eps)
+
+
+@ADVANTAGES.register("drgrpo")
+class DrGRPO(AdvantageEstimator):
+    """``r - mean`` without the std, which up-weights easy/hard prompts in GRPO (Liu et al. 2025)."""
+
+    def __call__(self, rewards: np.ndarray) -> np.ndarray:
+        return rewards - rewards.mean()
