@@ -212,11 +212,13 @@ class EnvPool:
     def _spawn(self):
         return ray.remote(EnvWorker).options(**self._options).remote(self._kind)
 
-    def worker_locations(self) -> list[dict[str, object]]:
-        return ray.get([s.actor.location.remote() for s in self._slots])
+    async def worker_locations(self) -> list[dict[str, object]]:
+        """Node and PID of every worker (awaited: a blocking ``ray.get`` would stall the event
+        loop of the async actor that owns the pool)."""
+        return list(await asyncio.gather(*(s.actor.location.remote() for s in self._slots)))
 
-    def worker_pids(self) -> list[int]:
-        return [int(loc["pid"]) for loc in self.worker_locations()]
+    async def worker_pids(self) -> list[int]:
+        return [int(loc["pid"]) for loc in await self.worker_locations()]
 
     def _replace(self, index: int, dead: object, reason: str) -> None:
         """Worker ``dead`` died: mark its episodes failed and put a fresh worker in its slot.
@@ -307,11 +309,12 @@ class EnvPool:
             if isinstance(result, RayActorError):
                 self._replace(index, actors[index], type(result).__name__)
 
-    def metrics(self) -> dict[str, float]:
+    async def metrics(self) -> dict[str, float]:
+        """Step and reset counts and times over the live workers (a dead one is skipped)."""
         stats = []
         for s in self._slots:
             try:
-                stats.append(ray.get(s.actor.stats.remote(), timeout=30))
+                stats.append(await asyncio.wait_for(s.actor.stats.remote(), timeout=30))
             except RayActorError:
                 continue
         steps = sum(s["steps"] for s in stats)

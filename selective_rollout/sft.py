@@ -84,7 +84,11 @@ def expert_dialogue(game_dir: str | Path, agent, max_steps: int, env: Environmen
 def train_sft(
     model_path: Path, data: Sequence[Experience], cfg: RunConfig, out_dir: Path
 ) -> dict[str, float]:
-    """Full or LoRA fine-tuning (as ``trainer.lora``) on the expert dialogues; saves an HF folder."""
+    """Full or LoRA fine-tuning (as ``trainer.lora``) on the expert dialogues; saves an HF folder.
+    A progress bar per epoch (``logging.progress``, like the iterations'): the first warm start
+    takes about a minute on 2 cores, and a run must not look stuck meanwhile."""
+    from tqdm import tqdm
+
     from selective_rollout.trainer.modeling import hf_model, load_policy, merged_weights, token_logprobs
     from selective_rollout.trainer.packing import collate, plan_micro_batches
 
@@ -99,7 +103,14 @@ def train_sft(
     for epoch in range(ws.epochs):
         rng.shuffle(order)
         plans = plan_micro_batches([len(data[i].token_ids) for i in order], cfg.trainer.micro_batch_tokens)
-        for plan in plans:
+        bar = tqdm(
+            plans,
+            desc=f"warm start epoch {epoch + 1}/{ws.epochs}",
+            unit="batch",
+            disable=not cfg.logging.progress,
+            mininterval=2,
+        )
+        for plan in bar:
             batch = [data[order[i]] for i in plan]
             mb = collate(batch, [0.0] * len(batch))
             logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask)
@@ -109,6 +120,7 @@ def train_sft(
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm or float("inf"))
             optimizer.step()
             losses.append(loss.item())
+            bar.set_postfix(nll=f"{loss.item():.3f}", refresh=False)
         log.info(
             "sft epoch %d/%d: mean nll %.4f", epoch + 1, ws.epochs, sum(losses[-len(plans) :]) / len(plans)
         )

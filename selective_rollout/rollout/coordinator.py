@@ -524,7 +524,7 @@ class CoordinatorActor:
         return batch.groups
 
     async def env_metrics(self) -> dict[str, float]:
-        return self.pool.metrics()
+        return await self.pool.metrics()
 
     async def dead_engines(self) -> list[int]:
         return sorted(set(self.coordinator.dead_engines()) | set(self.evaluator.dead_engines()))
@@ -539,7 +539,7 @@ class CoordinatorActor:
         return (c._tokens + e._tokens, c._env_steps + e._env_steps)
 
     async def env_worker_pids(self) -> list[int]:
-        return self.pool.worker_pids()
+        return await self.pool.worker_pids()
 
     async def sees(self, path: str) -> bool:
         """Whether ``path`` exists from this actor's node (it writes the run's rollouts.jsonl)."""
@@ -549,7 +549,7 @@ class CoordinatorActor:
         """Where this actor and its env workers run (the driver adds engines and learners)."""
         from selective_rollout.placement import here
 
-        return {"coordinator": [here()], "env_workers": self.pool.worker_locations()}
+        return {"coordinator": [here()], "env_workers": await self.pool.worker_locations()}
 
     async def shutdown(self) -> None:
         self.coordinator.close()

@@ -37,9 +37,9 @@ def test_pool_reports_the_game_file_and_keeps_its_worker(ray_cluster, tiny_games
         await pool.close([s.episode_id for s in states])
 
     try:
-        pids = pool.worker_pids()
+        pids = asyncio.run(pool.worker_pids())
         asyncio.run(scenario())
-        assert pool.worker_pids() == pids
-        assert pool.metrics()["env/episodes_open"] == 0
+        assert asyncio.run(pool.worker_pids()) == pids
+        assert asyncio.run(pool.metrics())["env/episodes_open"] == 0
     finally:
         pool.shutdown()

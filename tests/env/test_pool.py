@@ -41,10 +41,10 @@ def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games)
         await pool.close([s.episode_id for s in a])
 
         # Kill the worker that hosts group b mid-episode.
-        victim_pids = set(pool.worker_pids())
+        victim_pids = set(await pool.worker_pids())
         await pool.step({s.episode_id: "look" for s in b})
         hosting = pool._where[b[0].episode_id]
-        os.kill(pool.worker_pids()[hosting], signal.SIGKILL)
+        os.kill((await pool.worker_pids())[hosting], signal.SIGKILL)
         time.sleep(1.0)
         out = await pool.step({s.episode_id: "look" for s in b})
         assert all(out[s.episode_id].failed and out[s.episode_id].done for s in b)
@@ -54,12 +54,12 @@ def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games)
         c = await pool.reset_group(games[2].game_dir, 2)
         out = await pool.step({s.episode_id: "look" for s in c})
         assert all(o.failed is None and o.obs for o in out.values())
-        assert set(pool.worker_pids()) != victim_pids
+        assert set(await pool.worker_pids()) != victim_pids
         await pool.close([s.episode_id for s in c])
 
     try:
         asyncio.run(scenario())
-        m = pool.metrics()
+        m = asyncio.run(pool.metrics())
         assert m["env/restarts"] == 1.0 and m["env/steps"] > 0 and m["env/episodes_open"] == 0.0
     finally:
         pool.shutdown()
@@ -73,7 +73,7 @@ def test_two_workers_killed_at_once_are_replaced_once_each(ray_cluster, tiny_gam
         a = await pool.reset_group(games[0].game_dir, 4)
         b = await pool.reset_group(games[1].game_dir, 4)
         assert pool._where[a[0].episode_id] != pool._where[b[0].episode_id]
-        for pid in pool.worker_pids():
+        for pid in await pool.worker_pids():
             os.kill(pid, signal.SIGKILL)
         time.sleep(1.0)
         # several calls in flight to each dead worker: each failure arrives after the first replaced it
@@ -90,6 +90,6 @@ def test_two_workers_killed_at_once_are_replaced_once_each(ray_cluster, tiny_gam
 
     try:
         asyncio.run(scenario())
-        assert pool.metrics()["env/restarts"] == 2.0
+        assert asyncio.run(pool.metrics())["env/restarts"] == 2.0
     finally:
         pool.shutdown()

@@ -131,7 +131,7 @@ def test_the_pool_plays_a_group_on_ray_workers(ray_cluster, cooking_games):
         assert not other.done and env.reward(other) == 0.0
         with pytest.raises(env.game_errors(), match=GAME_FILE):
             asyncio.run(pool.reset_group(str(cooking_games / "nowhere"), 2))
-        assert pool.metrics()["env/steps"] == 2 * len(plan)
+        assert asyncio.run(pool.metrics())["env/steps"] == 2 * len(plan)
     finally:
         pool.shutdown()
 
