@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from selective_rollout.records import Experience
+from selective_rollout.stats import grpo_advantages
 
 Estimator = Callable[[np.ndarray, float], np.ndarray]
 ESTIMATORS: dict[str, Estimator] = {}
@@ -31,11 +32,10 @@ def register(name: str) -> Callable[[Estimator], Estimator]:
 def grpo(rewards: np.ndarray, eps: float) -> np.ndarray:
     """GRPO: ``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use.
 
-    A group of one has no spread to learn from, so its advantage is 0 rather than NaN.
+    A group of one has no spread to learn from, so its advantage is 0 rather than NaN. The formula
+    is ``stats.grpo_advantages`` (floor 1), which the offline gate evaluation shares.
     """
-    if rewards.size < 2:
-        return np.zeros_like(rewards)
-    return (rewards - rewards.mean()) / (rewards.std(ddof=1) + eps)
+    return grpo_advantages(rewards, eps)
 
 
 @register("drgrpo")
