@@ -26,7 +26,7 @@ from selective_rollout.integrations.agent_loop import LoopConfig
 from selective_rollout.integrations.langgraph import GatedSamples, gated_graph
 from selective_rollout.integrations.serve import serve_subprocess
 from selective_rollout.models import resolve_model
-from selective_rollout.policy_eval import bootstrap_ci
+from selective_rollout.stats import bootstrap_ci
 
 
 def pooled_saving_ci(full: np.ndarray, gated: np.ndarray, resamples: int = 2000) -> tuple[float, float]:

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
-from selective_rollout.policy_eval import bootstrap_ci
+from selective_rollout.stats import bootstrap_ci
 
 log = logging.getLogger("selective_rollout.experiment")
 

@@ -21,19 +21,7 @@ import numpy as np
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.records import GroupRecord
-
-
-def bootstrap_ci(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """Percentile 95% CI of the mean, resampling tasks (not episodes, which share a task)."""
-    data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        return (float("nan"), float("nan"))
-    if np.all(data == data[0]):
-        return (float(data[0]), float(data[0]))
-    rng = np.random.default_rng(seed)
-    means = rng.choice(data, size=(resamples, data.size), replace=True).mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return (float(lo), float(hi))
+from selective_rollout.stats import bootstrap_ci
 
 
 def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from selective_rollout.config.base import EntrySection
 from selective_rollout.gate.policies import GATES, Gate, GateParams, Mode, build_gate
@@ -30,11 +30,22 @@ class GateConfig(EntrySection):
     name: str = Field(
         "prefix_edit",
         description="a registered gate: prefix_edit (the paper's D_K < tau), two_axis (D_K < d_low or "
-        "terminated >= t_high), none, or your own (docs/gate.md); its own keys are listed below",
+        "terminated >= t_high), precision_target (tau set online from audits), history (the task's "
+        "earlier groups as a prior), learned (a fitted model), none, or your own (docs/gate.md); its "
+        "own keys are listed below",
     )
     # the shared parameters, declared once by the gate library
     k: int = GateParams.model_fields["k"]
     mode: Mode = GateParams.model_fields["mode"]
+    steps: list[int] = GateParams.model_fields["steps"]
+
+    @model_validator(mode="after")
+    def _builds(self) -> GateConfig:
+        """Build the gate once, so that what only the shared and own keys together decide (steps
+        against k; a learned gate's model file against k) is a config error at load, not a
+        failure of the coordinator later."""
+        self.build()
+        return self
 
     @classmethod
     def entries(cls) -> Mapping[str, Any]:
@@ -49,4 +60,4 @@ class GateConfig(EntrySection):
 
     def build(self) -> Gate:
         """The selected gate with the shared parameters and its own (what the coordinator runs)."""
-        return build_gate(self.name, k=self.k, mode=self.mode, **(self.model_extra or {}))
+        return build_gate(self.name, k=self.k, mode=self.mode, steps=self.steps, **(self.model_extra or {}))

@@ -6,6 +6,10 @@ any trainer (see selective_rollout/integrations).
 
 from selective_rollout.gate.distance import END, levenshtein_c, levenshtein_py, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
+from selective_rollout.gate.history import (
+    HistoryGate,  # the gates beyond the paper's: importing registers them
+)
+from selective_rollout.gate.learned import LearnedGate
 from selective_rollout.gate.policies import (
     GATES,
     Gate,
@@ -21,6 +25,7 @@ from selective_rollout.gate.policies import (
     gate_class,
     register_gate,
 )
+from selective_rollout.gate.precision_target import PrecisionTargetGate
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.gate.watch import GateWatch
 
@@ -33,8 +38,11 @@ __all__ = [
     "GateParams",
     "GateWatch",
     "GroupState",
+    "HistoryGate",
+    "LearnedGate",
     "NoGate",
     "OracleGate",
+    "PrecisionTargetGate",
     "PrefixEditGate",
     "TwoAxisGate",
     "build_gate",

@@ -34,8 +34,9 @@ from scipy.stats import mannwhitneyu, spearmanr
 from selective_rollout.gate.distance import prefix_edit_distance
 from selective_rollout.gate.policies import Gate, GroupState, build_gate, gate_class
 from selective_rollout.records import GroupRecord, read_groups, rewards_equal
+from selective_rollout.stats import grpo_advantages
 
-EPS = 1e-6
+EPS = 1e-6  # the trainer's default advantage_eps
 
 
 @dataclass
@@ -66,10 +67,9 @@ class LabelledGroup:
         return sum(sum(t[k:]) for t in self.step_tokens)
 
     def advantage_sq(self) -> float:
-        """Squared L2 norm of the group's GRPO advantages (r - mean) / (std + eps)."""
-        r = np.asarray(self.rewards, dtype=float)
-        a = (r - r.mean()) / (r.std() + EPS)
-        return float((a**2).sum())
+        """Squared L2 norm of the group's GRPO advantages, by the trainer's own formula
+        (``stats.grpo_advantages``: sample std, the trainer's default eps)."""
+        return float((grpo_advantages(self.rewards, EPS) ** 2).sum())
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 Every gate answers ``decide(group) -> GateDecision`` and says, through ``should_check(step)``,
 at which steps it wants to be asked, so the coordinator never needs to know which gate it runs.
+A gate that learns from finished groups (history, audits) overrides ``observe(record)``, which
+the coordinator calls with every finished group, and may report its state through ``metrics()``.
 A new gate is one class with ``@register_gate("name")`` and, if it has parameters of its own, a
 ``Params`` model next to it (docs/gate.md).
 """
@@ -10,16 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
-from selective_rollout.records import rewards_equal
+from selective_rollout.records import GroupRecord, rewards_equal
 from selective_rollout.registry import registrar
+
+if TYPE_CHECKING:
+    from selective_rollout.gate.replay import Calibration
 
 Mode = Literal["at_k", "from_k"]
 
@@ -33,7 +38,8 @@ class GateDecision:
 
 @dataclass
 class GroupState:
-    """What a gate may look at: the group's actions so far, which trajectories ended, the step.
+    """What a gate may look at: the group's actions so far, which trajectories ended, the step,
+    and the task it plays (``task_id``, None where the runner does not know it).
 
     ``tracker`` (optional) supplies D_K incrementally; ``final_rewards`` exists only offline
     and is read by the oracle alone.
@@ -44,6 +50,8 @@ class GroupState:
     ended: Sequence[bool] | None = None
     tracker: DivergenceTracker | None = None
     final_rewards: Sequence[float] | None = None
+    task_id: str | None = None
+    _distances: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_group(self.actions)
@@ -51,9 +59,13 @@ class GroupState:
             raise ValueError(f"ended has {len(self.ended)} flags for {len(self.actions)} trajectories")
 
     def distance(self, k: int) -> float:
-        if self.tracker is not None:
-            return self.tracker.distance(k)
-        return prefix_edit_distance(self.actions, k, self.ended)
+        """D_k (the state is a snapshot: computed once per k)."""
+        if k not in self._distances:
+            if self.tracker is not None:
+                self._distances[k] = self.tracker.distance(k)
+            else:
+                self._distances[k] = prefix_edit_distance(self.actions, k, self.ended)
+        return self._distances[k]
 
 
 class GateParams(BaseModel):
@@ -68,6 +80,20 @@ class GateParams(BaseModel):
     mode: Mode = Field(
         "at_k", description="at_k: decide once at step K (the paper); from_k: at every step >= K"
     )
+    steps: list[int] = Field(
+        default_factory=list,
+        description="at_k only: later steps (> k) at which the gate asks again, e.g. [6, 8] with k=4, "
+        "so a group still diverse at K can be cut later; [] (the paper): K alone",
+    )
+
+    @model_validator(mode="after")
+    def _steps_after_k(self) -> GateParams:
+        if self.steps and self.mode != "at_k":
+            raise ValueError(f"steps={self.steps} needs mode=at_k (from_k already asks at every step >= k)")
+        if any(s <= self.k for s in self.steps) or len(set(self.steps)) != len(self.steps):
+            raise ValueError(f"steps must be distinct and all > k={self.k}, got {self.steps}")
+        self.steps = sorted(self.steps)
+        return self
 
 
 GATES: dict[str, type[Gate]] = {}
@@ -112,7 +138,9 @@ def _params_error(gate: str, model: type[GateParams], err: ValidationError) -> V
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
+        if not e["loc"]:  # a check across parameters (e.g. steps against k), or a model file's
+            parts.append(f"gate {gate!r}: {str(e['msg']).removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             parts.append(f"gate {gate!r} has no parameter {key!r} (it has: {', '.join(model.model_fields)})")
         elif e["type"] in ("greater_than_equal", "less_than_equal") and key in model.model_fields:
             parts.append(f"gate {key} must be {_bounds(model.model_fields[key])}, got {e['input']!r}")
@@ -153,12 +181,34 @@ class Gate:
     def mode(self) -> Mode:
         return self.params.mode
 
+    @property
+    def decision_steps(self) -> list[int]:
+        """The steps of an ``at_k`` schedule: K, then ``steps``."""
+        return [self.k, *self.params.steps]
+
     def should_check(self, step: int) -> bool:
         """True at the steps where the coordinator must ask :meth:`decide`."""
-        return step == self.k if self.mode == "at_k" else step >= self.k
+        return step in self.decision_steps if self.mode == "at_k" else step >= self.k
 
     def decide(self, group: GroupState) -> GateDecision:
         raise NotImplementedError
+
+    def observe(self, record: GroupRecord) -> None:
+        """A group has finished (any outcome; the coordinator calls this for every one it records).
+
+        Stateless gates ignore it. A cut group's final rewards are unknown (``record.zero_variance``
+        is None); audited and uncut groups carry them."""
+
+    def metrics(self) -> dict[str, float]:
+        """The gate's own state for the run's metrics (reported as ``gate/<name>``); {} by default."""
+        return {}
+
+    @classmethod
+    def calibrate(cls, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any] | None:
+        """Offline: the gate's own parameters fitted on logged groups ``fit`` for ``cal.target``
+        precision (the held-out evaluation, gate/heldout.py, evaluates them on other groups).
+        None: the default, the ``threshold`` value that saves the most on ``fit`` at that precision."""
+        return None
 
 
 @register_gate("none")

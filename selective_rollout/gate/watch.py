@@ -21,11 +21,12 @@ class GateWatch:
 
     ``describe`` adds every divergence feature at the decided step to the recorded decision (what
     ``rollouts.jsonl`` logs); without it the decision carries the gate's own features only, which
-    is all a cut needs.
+    is all a cut needs. ``task_id`` reaches the gate in every ``GroupState`` (a history gate
+    looks the task's earlier groups up by it).
     """
 
-    def __init__(self, gate: Gate, g: int, describe: bool = False) -> None:
-        self.gate, self.g = gate, g
+    def __init__(self, gate: Gate, g: int, describe: bool = False, task_id: str | None = None) -> None:
+        self.gate, self.g, self.task_id = gate, g, task_id
         self.actions: list[list[str]] = [[] for _ in range(g)]
         self.ended = [False] * g
         # one trajectory has no pairs: nothing to track and nothing to ask
@@ -74,7 +75,9 @@ class GateWatch:
             step = self._asked_through
             if not self.gate.should_check(step):
                 continue
-            state = GroupState(self.actions, step=step, ended=list(self.ended), tracker=self.tracker)
+            state = GroupState(
+                self.actions, step=step, ended=list(self.ended), tracker=self.tracker, task_id=self.task_id
+            )
             verdict = self.gate.decide(state)
             features = dict(verdict.features)
             if self._describe:

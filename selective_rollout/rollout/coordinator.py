@@ -28,6 +28,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.gate import NoGate
+from selective_rollout.gate.audit import AuditBudget
 from selective_rollout.records import (
     Experience,
     GroupRecord,
@@ -36,8 +37,8 @@ from selective_rollout.records import (
     Step,
     Task,
     TrajectoryStatus,
+    read_groups,
 )
-from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.rollout.dialogue import GeneratedTurn
 from selective_rollout.rollout.engines import SamplingParams
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
@@ -98,6 +99,11 @@ class GroupCoordinator:
         self.strategy = build_strategy(self.rc, seed=cfg.seed)
         self.gate = cfg.gate.build() if self.strategy.uses_gate else NoGate()
         self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
+        if self.writer is not None:
+            # a resumed run: the gate relearns what it had observed (the driver has already rewound
+            # the log to the checkpoint), so a gate with memory resumes where it stopped
+            for record in read_groups(self.writer.path):
+                self.gate.observe(record)
         self.audits = AuditBudget(self.rc.audit_budget, self.rc.audit_target_precision)
         self._group_seq = 0
         self._engine_rr = 0
@@ -187,6 +193,7 @@ class GroupCoordinator:
                     meta["failure"] = group.failure
                 record = group.to_record(iteration, outcome, meta)
                 self.audits.observe(record)
+                self.gate.observe(record)  # a gate with memory (history, audits) learns here
                 records.append(record)
                 if self.writer is not None:
                     self.writer.write(record)
@@ -463,6 +470,7 @@ class GroupCoordinator:
             "system/tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "system/env_steps_per_s": steps / wall if wall > 0 else 0.0,
         }
+        metrics.update({f"gate/{key}": float(value) for key, value in self.gate.metrics().items()})
         if audited:
             metrics["gate/audit_n"] = float(len(audited))
             metrics["gate/audit_precision"] = sum(bool(r.zero_variance) for r in audited) / len(audited)

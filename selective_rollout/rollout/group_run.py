@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from selective_rollout.gate import Gate, GateWatch
+from selective_rollout.gate.audit import AuditBudget
 from selective_rollout.records import (
     Experience,
     GateRecord,
@@ -24,7 +25,6 @@ from selective_rollout.records import (
     TrajectoryStatus,
     rewards_equal,
 )
-from selective_rollout.rollout.audit import AuditBudget
 
 if TYPE_CHECKING:
     from selective_rollout.rollout.dialogue import Conversation
@@ -74,7 +74,7 @@ class GroupRun:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self._audits = audits  # asked, when the gate fires, whether to run on in shadow
         self.audit = False
-        self.watch = GateWatch(gate, g, describe=True)
+        self.watch = GateWatch(gate, g, describe=True, task_id=task_id)
         self.trajectories: list[TrajectoryRun] = []
         self.stopped = False  # the gate fired and the group is not audited: cancel it
         self.failure: str | None = None

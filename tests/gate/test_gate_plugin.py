@@ -52,7 +52,7 @@ def test_config_selects_the_toy_and_validates_its_own_parameter(toy_gate, tmp_pa
     [
         (
             [f"gate.name={TOY}", "gate.tau=0.1"],
-            rf"gate\.tau: gate '{TOY}' has no such parameter \(prefix_edit has\)",
+            rf"gate\.tau: gate '{TOY}' has no such parameter \(history, prefix_edit has\)",
         ),
         (["gate.min_step=3"], rf"gate\.min_step: gate 'prefix_edit' has no such parameter \({TOY} has\)"),
         ([f"gate.name={TOY}", "gate.min_stp=3"], r"gate\.min_stp: unknown key"),

@@ -103,3 +103,22 @@ def test_registry_makes_a_new_gate_one_class():
             register_gate("always_test_only")(Always)
     finally:
         GATES.pop("always_test_only")
+
+
+def test_later_decision_steps_are_asked_too_and_checked() -> None:
+    gate = PrefixEditGate(k=4, tau=0.1, steps=[8, 6])
+    assert gate.decision_steps == [4, 6, 8]
+    assert [s for s in range(1, 12) if gate.should_check(s)] == [4, 6, 8]
+    with pytest.raises(ValueError, match="all > k=4"):
+        PrefixEditGate(k=4, steps=[4])
+    with pytest.raises(ValueError, match="needs mode=at_k"):
+        PrefixEditGate(k=4, mode="from_k", steps=[6])
+
+
+def test_observe_and_metrics_default_to_nothing() -> None:
+    from selective_rollout.records import GroupRecord
+
+    for name in ("none", "prefix_edit", "two_axis"):
+        gate = build_gate(name)
+        gate.observe(GroupRecord("g", "t", "x", []))
+        assert gate.metrics() == {}

@@ -87,3 +87,17 @@ def test_a_single_trajectory_is_never_asked_and_an_ended_one_takes_no_action() -
     assert watch.end(0) is None  # ending twice is a no-op
     with pytest.raises(ValueError, match="has ended"):
         watch.act(0, "go")
+
+
+def test_the_task_id_reaches_the_gate() -> None:
+    seen = []
+
+    class TaskGate(PrefixEditGate):
+        def decide(self, group: GroupState) -> GateDecision:
+            seen.append(group.task_id)
+            return super().decide(group)
+
+    watch = GateWatch(TaskGate(k=1, tau=0.0), g=2, task_id="kitchen-7")
+    watch.act(0, "look")
+    watch.act(1, "look")
+    assert seen == ["kitchen-7"]

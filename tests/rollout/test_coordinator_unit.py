@@ -180,6 +180,8 @@ class Coordinated:
 
     def __init__(self, overrides, fail_games=frozenset(), run_dir=None, bad_games=frozenset()):
         base = ["rollout.group_size=4", "gate.k=3", "gate.tau=0.12", "rollout.audit_budget=0"]
+        if any(o.startswith("gate.name=") for o in overrides):
+            base.remove("gate.tau=0.12")  # another gate: its own keys (or defaults)
         cfg = load_config(None, [*base, *overrides])
         self.engine = ScriptedEngine(SCRIPTS)
         self.env = ScriptedEnv(fail_games, bad_games)
@@ -310,6 +312,45 @@ def test_preskip_skips_tasks_seen_zero_variance():
     second = asyncio.run(co.c.rollout(tasks, 1))
     assert [g.outcome for g in second.groups] == [Outcome.SKIPPED, Outcome.COMPLETED]
     assert second.tasks_consumed == 2
+
+
+def test_history_gate_learns_from_finished_groups_and_cuts_a_repeat(tmp_path):
+    """gate.name=history through the coordinator: the first groups of two tasks run to the end and
+    the gate observes them; the next iteration's group of the all-fail task is cut although it is
+    as divergent as ever (D_K = 1), while the mixed task's group runs on."""
+    overrides = ["rollout.strategy=selective", "rollout.groups_per_iteration=2", "rollout.refill=false"]
+    history = ["gate.name=history", "gate.margin=0.0"]
+    co = Coordinated([*overrides, *history], run_dir=tmp_path)
+    first = co.run(["diverge_lose", "diverge_mixed"])
+    assert [o for _, o in outcomes(first)] == [Outcome.COMPLETED, Outcome.COMPLETED]
+    assert first.metrics["gate/history_tasks"] == 2.0
+    second = co.run(["diverge_lose", "diverge_mixed"], iteration=1)
+    assert [o for _, o in outcomes(second)] == [Outcome.CUT, Outcome.COMPLETED]
+    cut = second.groups[0]
+    assert (
+        "after a zero-variance group" in cut.gate.reason and cut.gate.features["prefix_edit_distance"] == 1.0
+    )
+    assert second.metrics["gate/history_used_frac"] == 0.5  # of its decisions so far, the second two
+    # a resumed run (a new coordinator on the same run folder) relearns the history from the log
+    resumed = Coordinated([*overrides, *history], run_dir=tmp_path)
+    assert set(resumed.c.gate.known) == {g.task_id for g in first.groups}
+    third = resumed.run(["diverge_lose", "diverge_mixed"], iteration=2)
+    assert [o for _, o in outcomes(third)] == [Outcome.CUT, Outcome.COMPLETED]
+    # the paper's gate, with no memory, lets the repeat run
+    plain = Coordinated(overrides)
+    plain.run(["diverge_lose", "diverge_mixed"])
+    again = plain.run(["diverge_lose", "diverge_mixed"], iteration=1)
+    assert [o for _, o in outcomes(again)] == [Outcome.COMPLETED, Outcome.COMPLETED]
+
+
+def test_precision_target_gate_reports_its_tau():
+    co = Coordinated(
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=2", "gate.name=precision_target"]
+    )
+    batch = co.run(["converge_lose", "diverge_mixed"])
+    # no evidence yet: tau starts at 0 and cuts nothing; both finished groups are now known
+    assert [o for _, o in outcomes(batch)] == [Outcome.COMPLETED, Outcome.COMPLETED]
+    assert batch.metrics["gate/tau"] == 0.0 and batch.metrics["gate/tau_labelled"] == 2.0
 
 
 def test_dead_env_worker_fails_only_its_group_and_is_retried():

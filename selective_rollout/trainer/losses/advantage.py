@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 from pydantic import Field
 
+from selective_rollout.stats import grpo_advantages
 from selective_rollout.trainer.losses.registry import Entry, Registry
 
 
@@ -28,14 +29,13 @@ ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
 
 @ADVANTAGES.register("grpo")
 class GRPO(AdvantageEstimator):
-    """``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use."""
+    """``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use: the
+    formula is ``stats.grpo_advantages`` (floor 1), which the offline gate evaluation shares."""
 
     advantage_eps: float = Field(1e-6, gt=0.0, description="grpo: added to the group's std before dividing")
 
     def __call__(self, rewards: np.ndarray) -> np.ndarray:
-        if rewards.size < 2:
-            return np.zeros_like(rewards)
-        return (rewards - rewards.mean()) / (rewards.std(ddof=1) + self.advantage_eps)
+        return grpo_advantages(rewards, self.advantage_eps)
 
 
 @ADVANTAGES.register("drgrpo")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from selective_rollout.gate.audit import AuditBudget
 from selective_rollout.records import GateRecord, GroupRecord, Outcome, Step, Trajectory
-from selective_rollout.rollout.audit import AuditBudget
 from selective_rollout.stats import clopper_pearson
 
 

@@ -7,6 +7,9 @@ until the lower confidence bound of the audited precision clears ``target_precis
 the gate is known to be good enough on this task distribution and auditing tapers off). The
 first stop of a run is always audited (with a non-zero budget), so a run that cut groups
 never reports "0 audited" by chance.
+
+It lives in the gate library (floor 1) because it needs nothing but records: the coordinator
+runs it online, and the held-out evaluation (gate/heldout.py) replays logs under the same rule.
 """
 
 from __future__ import annotations

@@ -1,0 +1,293 @@
+"""Replay logged groups through a gate as a run would have met them, in log order.
+
+The offline sweep (gate/evaluate.py) asks a stateless gate about each group at K. Gates with
+memory (``history``, ``precision_target``) need more: the groups must reach them in the order a
+run finishes them, the gate must be told of each finished group (``Gate.observe``) exactly as
+the coordinator tells it, and what it is told must hide what a run would not know. So here:
+
+- each labelled group (final rewards known, G >= 2) is asked about at the gate's steps, truncated
+  to the first s actions of every trajectory (a trajectory whose log ends by step s has ended),
+  never further than a run could see; the first stop decides;
+- a stop is audited or not by the run's own rule (``gate.audit.AuditBudget``); the gate then
+  observes the group as the coordinator would have recorded it: a cut group truncated at its
+  gate step with unknown rewards, an audited or uncut one whole with its rewards;
+- a cut saves what the group spent after its gate step; an audited stop saves nothing (it ran on
+  in shadow) but counts as the gate's decision for precision and recall, and neither reaches the
+  learner.
+
+``summarize`` turns the outcomes into precision, recall, step-tokens saved and their share of the
+oracle's saving (cut exactly the zero-variance groups at K, no audit). ``best_params`` picks,
+among candidate parameters, the one that saves the most on a part of the log while keeping its
+precision at or above a target (the calibration of the held-out evaluation, gate/heldout.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from selective_rollout.gate.audit import AuditBudget
+from selective_rollout.gate.distance import prefix_edit_distance
+from selective_rollout.gate.policies import Gate, GroupState, build_gate
+from selective_rollout.records import GateRecord, GroupRecord, Outcome, Trajectory, TrajectoryStatus
+from selective_rollout.stats import grpo_advantages
+
+EPS = 1e-6  # the trainer's default advantage_eps (a test keeps them equal)
+T = TypeVar("T")
+
+# Calibration replays the same groups hundreds of times; inside ``caching()`` what a replay
+# derives from a logged group (its states at each step, D_k, token sums) is computed once. The
+# key is the group's trajectory list, which the records a replay hands its gate share; the
+# cache holds it, so its id is not reused while cached. Off by default (online, a gate's
+# observed groups must not pile up here).
+_MEMO: dict[int, tuple[object, dict]] | None = None
+
+
+@contextmanager
+def caching() -> Iterator[None]:
+    global _MEMO
+    outer, _MEMO = _MEMO, ({} if _MEMO is None else _MEMO)
+    try:
+        yield
+    finally:
+        _MEMO = outer
+
+
+def _memo(record: GroupRecord, key: tuple, compute: Callable[[], T]) -> T:
+    if _MEMO is None:
+        return compute()
+    owner = record.trajectories
+    entry = _MEMO.get(id(owner))
+    if entry is None or entry[0] is not owner:
+        entry = _MEMO[id(owner)] = (owner, {})
+    if key not in entry[1]:
+        entry[1][key] = compute()
+    return entry[1][key]  # type: ignore[return-value]
+
+
+def labelled(groups: Iterable[GroupRecord]) -> list[GroupRecord]:
+    """The groups a gate can be scored on, in log order: final rewards known and G >= 2."""
+    return [g for g in groups if g.has_final_rewards and g.g >= 2]
+
+
+def live_after(record: GroupRecord, step: int) -> bool:
+    """Whether a trajectory was still running after ``step`` actions (else the gate is not asked)."""
+    return any(len(t.steps) > step for t in record.trajectories)
+
+
+def state_at(record: GroupRecord, step: int, with_rewards: bool = False) -> GroupState:
+    """The group as a run's gate sees it once every live trajectory has ``step`` actions: the
+    first ``step`` actions each, a trajectory whose log ends by then marked ended."""
+    return _memo(record, ("state", step, with_rewards), lambda: _state_at(record, step, with_rewards))
+
+
+def _state_at(record: GroupRecord, step: int, with_rewards: bool) -> GroupState:
+    return GroupState(
+        [t.actions[:step] for t in record.trajectories],
+        step=step,
+        ended=[len(t.steps) <= step for t in record.trajectories],
+        final_rewards=[float(t.reward) for t in record.trajectories] if with_rewards else None,  # type: ignore[arg-type]
+        task_id=record.task_id,
+    )
+
+
+def whole_distance(record: GroupRecord, k: int) -> float:
+    """D_k of a finished group's whole trajectories (those shorter than k are END-padded)."""
+    actions = [t.actions for t in record.trajectories]
+    return _memo(record, ("whole", k), lambda: prefix_edit_distance(actions, k, [True] * record.g))
+
+
+def _tokens(record: GroupRecord, after: int = 0) -> int:
+    return _memo(record, ("tokens", after), lambda: record.tokens_after(after))
+
+
+def schedule(gate: Gate, record: GroupRecord) -> list[int]:
+    """The steps at which a run would ask ``gate`` about this group, in order."""
+    longest = max(len(t.steps) for t in record.trajectories)
+    steps = gate.decision_steps if gate.mode == "at_k" else range(gate.k, longest)
+    return [s for s in steps if gate.should_check(s) and live_after(record, s)]
+
+
+def ask(gate: Gate, record: GroupRecord) -> GateRecord | None:
+    """The gate's decisions on the group along its schedule: the stopping one, else the last one
+    (None when it was never asked)."""
+    decision = None
+    for s in schedule(gate, record):
+        verdict = gate.decide(state_at(record, s, with_rewards=gate.offline_only))
+        decision = GateRecord(
+            step=s, stop=verdict.stop, reason=verdict.reason, features=dict(verdict.features)
+        )
+        if verdict.stop:
+            break
+    return decision
+
+
+def as_recorded(record: GroupRecord, decision: GateRecord | None, audited: bool) -> GroupRecord:
+    """What the coordinator would have written for the group under this gate."""
+    if decision is None or not decision.stop:
+        return replace(record, outcome=Outcome.COMPLETED, gate=decision)
+    if audited:
+        return replace(record, outcome=Outcome.AUDITED, gate=decision)
+    cut = [
+        Trajectory(
+            t.index, list(t.steps[: decision.step]), reward=None, won=False, status=TrajectoryStatus.CUT
+        )
+        for t in record.trajectories
+    ]
+    return replace(record, trajectories=cut, outcome=Outcome.CUT, gate=decision)
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """One labelled group under one gate: what it decided and what that was worth."""
+
+    task_id: str
+    zero_variance: bool
+    stopped: bool
+    audited: bool
+    step: int | None  # the gate step of a stop
+    saved: int  # step-tokens a cut saved (0 when audited or not stopped)
+    total: int  # step-tokens the group spent ungated
+    oracle: int  # step-tokens the oracle saves on it (cut at K when zero-variance)
+    adv_sq: float  # squared L2 of its GRPO advantages (0 for a zero-variance group)
+
+    def row(self) -> list[float]:
+        """The numbers ``summarize`` sums, as one row (bootstrap resamples rows of a task together)."""
+        tp = self.stopped and self.zero_variance
+        return [
+            float(self.stopped),
+            float(tp),
+            float(self.zero_variance),
+            float(self.saved),
+            float(self.total),
+            float(self.oracle),
+            self.adv_sq,
+            0.0 if self.stopped else self.adv_sq,
+            float(self.audited),
+        ]
+
+
+def replay(
+    gate: Gate,
+    groups: Sequence[GroupRecord],
+    audit_budget: float = 0.0,
+    audit_target: float = 0.9,
+    oracle_k: int | None = None,
+) -> list[GroupOutcome]:
+    """Run ``gate`` over labelled ``groups`` in order (see the module doc); the gate keeps what it
+    observed, so a gate warmed up on earlier logs can be replayed on later ones."""
+    audits = AuditBudget(audit_budget, audit_target)
+    k = gate.k if oracle_k is None else oracle_k
+    out = []
+    for record in labelled(groups):
+        decision = ask(gate, record)
+        stopped = decision is not None and decision.stop
+        audited = False
+        if stopped:
+            audited = audits.want_audit()
+            audits.decided(audited)
+        seen = as_recorded(record, decision, audited)
+        audits.observe(seen)
+        gate.observe(seen)
+        zero = bool(record.zero_variance)
+        out.append(
+            GroupOutcome(
+                task_id=record.task_id,
+                zero_variance=zero,
+                stopped=stopped,
+                audited=audited,
+                step=decision.step if stopped else None,  # type: ignore[union-attr]
+                saved=_tokens(record, decision.step) if stopped and not audited else 0,  # type: ignore[union-attr]
+                total=_tokens(record),
+                oracle=_tokens(record, k) if zero and live_after(record, k) else 0,
+                adv_sq=_memo(record, ("adv",), lambda r=record: _advantage_sq(r)),
+            )
+        )
+    return out
+
+
+def _advantage_sq(record: GroupRecord) -> float:
+    rewards = [float(r) for r in record.rewards]  # type: ignore[arg-type]
+    return float((grpo_advantages(rewards, EPS) ** 2).sum())
+
+
+# the columns of GroupOutcome.row
+STOPS, TP, ZERO, SAVED, TOTAL, ORACLE, ADV, ADV_KEPT, AUDITED = range(9)
+ROW_WIDTH = 9
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else math.nan
+
+
+STATISTICS = {
+    "precision": lambda s: _ratio(s[TP], s[STOPS]),
+    "recall": lambda s: _ratio(s[TP], s[ZERO]),
+    "saved": lambda s: _ratio(s[SAVED], s[TOTAL]),
+    "share_of_oracle": lambda s: _ratio(s[SAVED], s[ORACLE]),
+}
+
+
+def summarize(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
+    """Precision and recall of the stops (audited ones included: they were the gate's decisions),
+    step-tokens saved by the cuts as a share of all, of the oracle's saving, and the GRPO
+    advantage L2 that survives (stopped groups never reach the learner)."""
+    s = np.asarray([o.row() for o in outcomes], dtype=float).sum(axis=0) if outcomes else np.zeros(ROW_WIDTH)
+    out = {name: fn(s) for name, fn in STATISTICS.items()}
+    out.update(
+        groups=float(len(outcomes)),
+        zero_variance=s[ZERO],
+        stops=s[STOPS],
+        audited=s[AUDITED],
+        false_stops=s[STOPS] - s[TP],
+        oracle_saved=_ratio(s[ORACLE], s[TOTAL]),
+        adv_l2_preserved=math.sqrt(s[ADV_KEPT] / s[ADV]) if s[ADV] else 1.0,
+    )
+    return out
+
+
+def meets(precision: float, target: float) -> bool:
+    """A gate that never stopped keeps every informative group: it meets any target (saving 0)."""
+    return math.isnan(precision) or precision >= target - 1e-12
+
+
+@dataclass
+class Calibration:
+    """How the held-out evaluation calibrates a gate on the fit part of a log."""
+
+    target: float  # the precision to keep on the fit part
+    shared: dict[str, Any] = field(default_factory=dict)  # k, mode, steps for every gate
+    audit_budget: float = 0.0
+    audit_target: float = 0.9
+    thresholds: Sequence[float] = tuple(round(x, 2) for x in np.arange(0.0, 1.0001, 0.01))
+    workdir: Path = Path(".")  # where a gate may write what it fits (a learned model)
+    tag: str = "fit"  # names those files (one per fold and target)
+
+    def replay(self, gate: Gate, groups: Sequence[GroupRecord]) -> list[GroupOutcome]:
+        return replay(gate, groups, self.audit_budget, self.audit_target)
+
+
+def best_params(
+    name: str, candidates: Sequence[Mapping[str, Any]], fit: Sequence[GroupRecord], cal: Calibration
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Among ``candidates`` (parameter sets of gate ``name``), the one that saves the most on
+    ``fit`` with precision >= the target there (ties: the first listed); with its fit summary.
+    A candidate that never stops meets any target, so list one (e.g. tau 0) to always have one."""
+    best: tuple[dict[str, Any], dict[str, float]] | None = None
+    for params in candidates:
+        summary = summarize(cal.replay(build_gate(name, **cal.shared, **params), fit))
+        if not meets(summary["precision"], cal.target):
+            continue
+        if best is None or summary["saved"] > best[1]["saved"] + 1e-12:
+            best = (dict(params), summary)
+    if best is None:
+        raise ValueError(
+            f"no candidate parameters of gate {name!r} kept precision >= {cal.target} on the fit part"
+        )
+    return best
