@@ -103,3 +103,21 @@ def test_a_state_without_the_task_key_names_it(base_url) -> None:
     node = GatedSamples(base_url, "smollm2", build_gate("none"), g=2, loop=GREEDY)
     with pytest.raises(KeyError, match=r"state\['task'\]; the state has \['game'\]"):
         asyncio.run(node({"game": "x"}))
+
+
+def test_the_docs_example_runs_as_pasted(base_url, tmp_path, capsys, monkeypatch) -> None:
+    """docs/langgraph.md's example, with only the server address and the games folder swapped,
+    run as a module of its own (LangGraph resolves the state's type hints in its module)."""
+    import sys
+    import types
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "langgraph.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) <= 40
+    code = code.replace("http://127.0.0.1:8000/v1", base_url).replace("data/games/tiny", str(tmp_path))
+    module = types.ModuleType("docs_example")
+    monkeypatch.setitem(sys.modules, "docs_example", module)
+    exec(compile(code, "docs/langgraph.md", "exec"), module.__dict__)
+    answer, fired, *_ = capsys.readouterr().out.split()
+    assert answer in ("True", "False") and fired in ("True", "False")
