@@ -186,6 +186,27 @@ class Trainer:
             self.engine_restarts += 1
             log.warning("engine %d died; replaced by a fresh engine with the current weights", index)
 
+    def sync_weights(self, attempts: int = 3) -> float:
+        """Send the learner's weights to every engine; returns the seconds the successful sync took.
+
+        An engine that dies during the sync makes it fail within about a second
+        (``WeightSyncFailed``, instead of the collective's 300 s timeout): it is replaced like any
+        dead engine and the sync re-run on the rebuilt group, which also completes the weights of
+        the engines that were receiving, up to ``attempts`` syncs in all."""
+        from selective_rollout.trainer import WeightSyncFailed
+
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.learner.sync_weights(self.engines)
+            except WeightSyncFailed as exc:
+                if not exc.dead_engines or attempt == attempts:
+                    raise
+                log.warning(
+                    "weight sync %d of %d failed; replacing the dead engines: %s", attempt, attempts, exc
+                )
+                self.replace_dead_engines(probe=True)
+        raise AssertionError("unreachable")
+
     def check_resources(self, joined: bool) -> None:
         """Fail in seconds, with the numbers, when the cluster can never place the run's actors
         (Ray would wait for them forever). On a joined cluster an autoscaler may still add nodes,
@@ -251,7 +272,7 @@ class Trainer:
         if extra is None:
             return
         self.state.update(extra)
-        self.learner.sync_weights(self.engines)
+        self.sync_weights()
         log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
 
     def evaluate(self, label: str) -> dict[str, Any]:
@@ -293,7 +314,7 @@ class Trainer:
         metrics = dict(batch.metrics)
         if batch.experiences:
             metrics.update(self.learner.train_step(batch.experiences))
-            metrics["system/weight_sync_s"] = self.learner.sync_weights(self.engines)
+            metrics["system/weight_sync_s"] = self.sync_weights()
         else:
             log.warning("iteration %d: no trainable group (all cut, filtered or failed); no update", it)
         if cfg.train.eval_every and (it + 1) % cfg.train.eval_every == 0 and it + 1 < cfg.train.iterations:

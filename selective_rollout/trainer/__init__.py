@@ -11,10 +11,11 @@ from typing import Any
 
 _EXPORTS = {
     "LearnerGroup": "selective_rollout.trainer.learner_group",
+    "WeightSyncFailed": "selective_rollout.trainer.learner_group",
     "latest_checkpoint": "selective_rollout.trainer.checkpoint",
 }
 
-__all__ = ["LearnerGroup", "latest_checkpoint"]
+__all__ = ["LearnerGroup", "WeightSyncFailed", "latest_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,10 @@ import torch
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
-from selective_rollout.trainer.modeling import (
-    checksum,
-    load_policy,
-    merged_weights,
-    token_logprobs,
-)
+from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
 from selective_rollout.trainer.objective import micro_batch_loss
 from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
-from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
 
 
 def free_port(host: str) -> int:
@@ -52,12 +48,17 @@ def owns_clipping(cfg: TrainerConfig) -> bool:
     return cfg.zero_stage == 0 and cfg.precision == "fp32"
 
 
-def deepspeed_config(cfg: TrainerConfig, world_size: int) -> dict[str, Any]:
+def deepspeed_config(cfg: TrainerConfig, world_size: int, cpu: bool = False) -> dict[str, Any]:
     """DeepSpeed config: we own loss scaling and accumulation, DeepSpeed owns ZeRO and the optimiser.
 
     ``managed_gradient_accumulation: false`` makes every ``step()`` the accumulation boundary,
     since the number of micro-batches varies from step to step with the token budget.
     ``torch_adam`` avoids the ~3.5 min CPU FusedAdam JIT build.
+
+    On CPU (gloo) ZeRO-3 gathers sequentially: DeepSpeed 0.19.6's coalesced gather of several
+    parameters (``GatheredParameters`` over a LoRA layer, say) waits only for the last of its
+    all-gathers, which is enough on one CUDA stream but not with gloo, whose worker threads
+    finish them in any order: the others were read half-written (garbage weights, seen in tests).
     """
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
@@ -79,6 +80,8 @@ def deepspeed_config(cfg: TrainerConfig, world_size: int) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    if cpu:
+        ds["zero_optimization"]["stage3_allgather_sequential"] = True
     if cfg.precision == "bf16":
         ds["bf16"] = {"enabled": True}
     return ds
@@ -123,7 +126,7 @@ class LearnerWorker:
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=deepspeed_config(self.cfg, self.world_size),
+            config=deepspeed_config(self.cfg, self.world_size, cpu=not cuda),
             lr_scheduler=self._scheduler,
         )
         if owns_clipping(self.cfg):
@@ -217,40 +220,77 @@ class LearnerWorker:
         return out
 
     # -- weights -----------------------------------------------------------------------------
-    def _gathered(self) -> Any:
-        """All parameters whole on every rank for the duration (ZeRO-3 partitions them; a collective)."""
-        params = list(self.module.parameters())
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=self.cfg.zero_stage == 3)
+    def _exported(self, materialize: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight the engines load, in engine names, one module whole at a time.
 
-    def _export(self) -> list[tuple[str, torch.Tensor]]:
-        return merged_weights(self.module)
+        Under ZeRO-3 each ``export_units`` unit's partitions are gathered (a collective: every
+        rank walks the same units in the same order), its tensors yielded, and the unit released
+        before the next is gathered: the extra memory is about the largest module (the
+        embedding), never the model. A LoRA layer is one unit with its adapters, so its merged
+        copy is made while they are whole and is as big as the base weight it replaces. The
+        iterator must be exhausted on every rank, or the others wait in a gather;
+        ``materialize=False`` only takes part in the gathers (a rank that sends nothing).
+        """
+        for unit in export_units(self.module):
+            with deepspeed.zero.GatheredParameters(
+                unit.params, modifier_rank=None, enabled=self.cfg.zero_stage == 3
+            ):
+                if materialize:
+                    yield from unit.weights()
+
+    def _join_gathers(self) -> None:
+        """A rank other than 0 under ZeRO-3: take part in rank 0's gathers (nothing otherwise)."""
+        if self.cfg.zero_stage == 3:
+            for _ in self._exported(materialize=False):
+                pass
 
     def weight_specs(self) -> list[TensorSpec]:
-        with self._gathered():
-            return [TensorSpec.of(n, t) for n, t in self._export()]
+        if self.rank != 0:
+            self._join_gathers()
+            return []
+        return [TensorSpec.of(n, t) for n, t in self._exported()]
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The weights engines load, on CPU (the object-store path); every rank must call it under ZeRO-3."""
-        with self._gathered():
-            return {n: t.detach().cpu().clone() for n, t in self._export()} if self.rank == 0 else {}
+        """The weights engines load, on CPU (the object-store path); every rank must call it under
+        ZeRO-3. Gathered module by module: the accelerator holds one module extra, the host the model."""
+        if self.rank != 0:
+            self._join_gathers()
+            return {}
+        return {name: tensor.detach().cpu().clone() for name, tensor in self._exported()}
 
     def weights_checksum(self, dtype: str | None = None) -> float:
-        with self._gathered():
-            return checksum(merged_weights(self.module), dtype)
+        """This rank's replica (every rank computes it: ``replica_checksums`` compares them)."""
+        return checksum(self._exported(), dtype)
 
     def init_sync_group(self, host: str, port: int, world_size: int, backend: str) -> None:
         """Host the learner->engines group as its rank 0 (engines join with ranks 1..N)."""
         self.sync_pg = make_sync_group(backend, host, port, 0, world_size)
 
     def send_weights(self) -> None:
-        """Broadcast every exported tensor, in ``weight_specs`` order, to the engines (rank 0 only sends)."""
-        with self._gathered():
-            if self.rank != 0:
-                return
-            if self.sync_pg is None:
-                raise RuntimeError("send_weights before init_sync_group")
-            for _, tensor in self._export():
+        """Broadcast every exported tensor, in ``weight_specs`` order, to the engines: one module
+        gathered, sent and released at a time (rank 0 sends; under ZeRO-3 the others gather with it).
+
+        When the sync is called off or a broadcast fails (``weight_sync.collective.SyncAborted``) rank 0
+        stops sending but, under ZeRO-3, walks the rest of the gathers so the other learners are
+        not left waiting in one; then it raises, and the group must be rebuilt."""
+        if self.rank != 0:
+            self._join_gathers()
+            return
+        if self.sync_pg is None:
+            raise RuntimeError("send_weights before init_sync_group (or after a failed sync)")
+        failure: SyncAborted | None = None
+        for _, tensor in self._exported(materialize=True):
+            if failure is not None:
+                continue  # only the ZeRO-3 gathers left
+            try:
                 broadcast(self.sync_pg, tensor.detach().contiguous(), src=0)
+            except SyncAborted as exc:
+                failure = exc
+                if self.cfg.zero_stage != 3:
+                    break
+        if failure is not None:
+            self.sync_pg = None
+            raise failure
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, staging: str) -> None:

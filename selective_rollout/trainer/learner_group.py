@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.records import Experience
@@ -24,7 +25,34 @@ from selective_rollout.trainer.learner import LearnerWorker
 from selective_rollout.trainer.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.trainer.objective import ZERO_ADV
 from selective_rollout.trainer.packing import check_experience, plan_micro_batches
-from selective_rollout.weight_sync.collective import TensorSpec, sync_ranks
+from selective_rollout.weight_sync.collective import TensorSpec, call_off, sync_ranks
+
+# how long the members of a called-off sync get to stop before the failure is reported anyway
+SYNC_ABORT_GRACE_S = 60.0
+
+
+class WeightSyncFailed(RuntimeError):
+    """A weight sync stopped because a member failed; ``dead_engines`` are the indices (in the
+    list given to ``sync_weights``) of the engines whose actor died."""
+
+    def __init__(self, message: str, dead_engines: list[int]) -> None:
+        super().__init__(message)
+        self.dead_engines = dead_engines
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.dead_engines))
+
+
+def _actor_id(actor: Any) -> str:
+    actor_id = getattr(actor, "_actor_id", None)
+    return actor_id.hex()[:12] if actor_id is not None else "?"
+
+
+def _summary(exc: BaseException) -> str:
+    """One line for a failed member: the error's type and first line (a Ray task error's cause)."""
+    cause = getattr(exc, "cause", None) or exc
+    text = (str(cause).strip().splitlines() or [""])[0][:300]
+    return f"{type(cause).__name__}: {text}"
 
 
 def shard_by_group(batch: Sequence[Experience], num_shards: int) -> list[list[int]]:
@@ -73,6 +101,7 @@ class LearnerGroup:
         self._device_type: str = ray.get(self.actors[0].device_type.remote())
         self._sync_engines: list = []
         self._specs: list[TensorSpec] = []
+        self._store_address: tuple[str, int] | None = None
 
     def _on_all(self, method: str, *args: Any) -> list[Any]:
         """Call a method on every learner at once (gathers under ZeRO-3 are collectives)."""
@@ -173,6 +202,13 @@ class LearnerGroup:
         ``weight_sync.collective.sync_ranks``; built on the
         first call and rebuilt when the engine set changes): the specs go through Ray, then one
         broadcast per tensor. ``object_store``: the engines load a Ray object of all tensors.
+
+        Every member's call is watched: the first that fails (an engine actor died) calls the
+        sync off (``weight_sync.collective.call_off``), the others abandon the group within about a second
+        instead of waiting for the collective's timeout, and ``WeightSyncFailed`` names the dead
+        engines; the next call rebuilds the group. Engines that were receiving hold partly
+        updated weights until a sync succeeds (``Trainer.sync_weights`` replaces the dead ones
+        and syncs again at once).
         """
         start = time.perf_counter()
         if not engines:
@@ -180,13 +216,51 @@ class LearnerGroup:
         method = self.sync_method()
         if method == "object_store":
             refs = [a.export_weights.remote() for a in self.actors]
-            ray.get([e.load_weights.remote(refs[0]) for e in engines] + refs[1:])
+            loads = [e.load_weights.remote(refs[0]) for e in engines]
+            self._await_sync(engines, loads, {ref: f"learner {r}" for r, ref in enumerate(refs)}, None)
             return time.perf_counter() - start
         if list(engines) != self._sync_engines:
             self._connect(list(engines), method)
-        calls = [e.receive_weights.remote(self._specs) for e in engines]
-        ray.get(calls + [a.send_weights.remote() for a in self.actors])
+        receives = [e.receive_weights.remote(self._specs) for e in engines]
+        sends = {a.send_weights.remote(): f"learner {r}" for r, a in enumerate(self.actors)}
+        self._await_sync(engines, receives, sends, self._store_address)
         return time.perf_counter() - start
+
+    def _await_sync(
+        self, engines: list, receives: list, learners: dict, store: tuple[str, int] | None
+    ) -> None:
+        """Wait for every member's call (``receives``: one per engine; ``learners``: ref -> name);
+        on the first failure call the sync off (through the group's store at ``store``), give
+        the rest ``SYNC_ABORT_GRACE_S`` to stop, and raise ``WeightSyncFailed``."""
+        owner = {ref: f"engine {i}" for i, ref in enumerate(receives)} | learners
+        pending, failures, deadline = list(owner), {}, None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done:
+                break  # past the grace: report what is still hanging
+            try:
+                ray.get(done[0])
+            except Exception as exc:  # every failure is reported below
+                if not failures and store is not None:
+                    call_off(*store, f"{owner[done[0]]} failed: {_summary(exc)}")
+                failures[done[0]] = exc
+                deadline = deadline or time.monotonic() + SYNC_ABORT_GRACE_S
+        if not failures:
+            return
+        self._sync_engines = []  # every member abandoned (or will abandon) this group
+        dead = [i for i, ref in enumerate(receives) if isinstance(failures.get(ref), RayActorError)]
+        lines = [f"{owner[ref]}: {_summary(exc)}" for ref, exc in failures.items()]
+        late = f"still in the sync {SYNC_ABORT_GRACE_S:.0f} s after it was called off"
+        lines += [f"{owner[ref]}: {late}" for ref in pending]
+        what = (
+            "engine " + ", ".join(f"{i} (actor {_actor_id(engines[i])})" for i in dead) + " died during it"
+            if dead
+            else "a member failed"
+        )
+        told = "; the other members were told to stop" if store is not None else ""
+        message = f"weight sync failed: {what}{told}\n  " + "\n  ".join(lines)
+        raise WeightSyncFailed(message, dead)
 
     def _connect(self, engines: list, backend: str) -> None:
         host, port = ray.get(self.actors[0].rendezvous_address.remote())
@@ -196,6 +270,7 @@ class LearnerGroup:
             for first, e in zip(firsts, engines, strict=True)
         ]
         ray.get([self.actors[0].init_sync_group.remote(host, port, world, backend), *joins])
+        self._store_address = (host, port)
         self._specs = self._on_rank0("weight_specs")
         self._sync_engines = engines
 

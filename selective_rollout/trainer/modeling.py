@@ -1,12 +1,15 @@
 """The policy model: loading (full fine-tuning or LoRA), token log-probs, and weights in engine names.
 
 Engines hold a plain HF ``AutoModelForCausalLM``, so whatever the learner trains is exported
-under that model's ``named_parameters()`` names: LoRA adapters are folded into the base
-weights on the fly (the learner's own weights are left untouched), or sent as the adapter.
+under that model's ``named_parameters()`` names: LoRA adapters are folded into copies of the
+base weights on the fly (the learner's own weights are left untouched), one module at a time
+(``export_units``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -106,28 +109,74 @@ def hf_model(model: torch.nn.Module) -> PreTrainedModel:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` in the engine's names; LoRA deltas added to copies of their base weights."""
+@dataclass
+class ExportUnit:
+    """One module's share of the exported weights: what to gather for it and what it exports.
+
+    ``params`` is everything the export reads: a module's own parameters, or a LoRA layer's
+    base weight and bias together with its adapters (the merge needs all of them whole at once).
+    ``exports`` are ``(engine name, parameter)``; ``lora`` is the layer whose active adapters'
+    deltas are added to a copy of its base weight (its bias is exported as it is).
+    """
+
+    params: list[torch.nn.Parameter]
+    exports: list[tuple[str, torch.nn.Parameter]]
+    lora: LoraLayer | None = None
+    merged: torch.nn.Parameter | None = None  # the LoRA layer's base weight
+
+    def weights(self) -> list[tuple[str, torch.Tensor]]:
+        """``(engine name, tensor)`` of this unit; its ``params`` must be whole (gathered)."""
+        out = []
+        with torch.no_grad():
+            for name, param in self.exports:
+                tensor = param.detach()
+                if self.lora is not None and param is self.merged:
+                    tensor = tensor.clone()
+                    for adapter in self.lora.active_adapters:
+                        tensor += self.lora.get_delta_weight(adapter).to(tensor.dtype)
+                out.append((name, tensor))
+        return out
+
+
+def export_units(model: torch.nn.Module) -> list[ExportUnit]:
+    """The exported weights one module at a time, in ``named_parameters()`` order: a LoRA layer
+    (its base layer and adapters) is one unit, any other module's own parameters another.
+
+    Exporting unit by unit bounds what must be whole at once to the largest module (under
+    ZeRO-3 that is what gets gathered), never the whole model; a tied weight is exported once,
+    by the module that ``named_parameters()`` lists it under."""
     base = hf_model(model)
     lora_modules = {name: mod for name, mod in base.named_modules() if isinstance(mod, LoraLayer)}
-    out = []
-    with torch.no_grad():
-        for name, param in base.named_parameters():
-            owner, _, leaf = name.rpartition(".")
-            if any(part.startswith("lora_") for part in owner.split(".")):
-                continue
-            tensor = param.detach()
-            if owner.endswith(".base_layer") and owner.removesuffix(".base_layer") in lora_modules:
-                layer = lora_modules[owner.removesuffix(".base_layer")]
-                tensor = tensor.clone()
-                for adapter in layer.active_adapters:
-                    tensor += layer.get_delta_weight(adapter).to(tensor.dtype)
-                owner = owner.removesuffix(".base_layer")
-            out.append((f"{owner}.{leaf}" if owner else leaf, tensor))
-    return out
+    units: dict[str, ExportUnit] = {}
+    for name, param in base.named_parameters():
+        owner = name.rpartition(".")[0]
+        parts = owner.split(".") if owner else []
+        layer_name = next(
+            (p for p in (".".join(parts[:i]) for i in range(len(parts), 0, -1)) if p in lora_modules), None
+        )
+        if layer_name is None:
+            unit = units.setdefault(owner, ExportUnit([], []))
+            unit.params.append(param)
+            if not any(part.startswith("lora_") for part in parts):
+                unit.exports.append((name, param))
+            continue
+        unit = units.setdefault(layer_name, ExportUnit([], [], lora_modules[layer_name]))
+        unit.params.append(param)
+        rest = name[len(layer_name) + 1 :]
+        if rest.startswith("base_layer."):
+            unit.exports.append((f"{layer_name}.{rest.removeprefix('base_layer.')}", param))
+            if rest == "base_layer.weight":
+                unit.merged = param
+    return list(units.values())
 
 
-def checksum(named: list[tuple[str, torch.Tensor]], dtype: str | None = None) -> float:
+def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` in the engine's names; LoRA deltas added to copies of their base weights
+    (the whole model at once: for a model that is whole, e.g. the warm start's)."""
+    return [named for unit in export_units(model) for named in unit.weights()]
+
+
+def checksum(named: Iterable[tuple[str, torch.Tensor]], dtype: str | None = None) -> float:
     """Sum of float64 sums: equal weights give an equal number on learner and engine.
 
     ``dtype`` (e.g. ``"bfloat16"``) rounds each weight to an engine's precision first, so a learner

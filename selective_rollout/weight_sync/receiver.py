@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
 
 
 class WeightReceiver:
@@ -35,14 +35,21 @@ class WeightReceiver:
 
     @torch.no_grad()
     def receive(self, specs: list[TensorSpec]) -> None:
-        """One broadcast per spec, in order (every spec is received even if it is misnamed)."""
+        """One broadcast per spec, in order (every spec is received even if it is misnamed).
+
+        A sync called off midway (``SyncAborted``) leaves the model partly updated and the group
+        unusable: the driver rebuilds the group and syncs again before the engine generates."""
         if self.group is None:
-            raise RuntimeError("receive_weights called before init_weight_sync")
-        for spec in specs:
-            param = self._target(spec.name, spec.shape)
-            buf = torch.empty(spec.shape, dtype=spec.torch_dtype, device=param.device)
-            broadcast(self.group, buf, src=0)
-            param.copy_(buf)
+            raise RuntimeError("receive_weights called before init_weight_sync (or after a failed sync)")
+        try:
+            for spec in specs:
+                param = self._target(spec.name, spec.shape)
+                buf = torch.empty(spec.shape, dtype=spec.torch_dtype, device=param.device)
+                broadcast(self.group, buf, src=0)
+                param.copy_(buf)
+        except SyncAborted:
+            self.group = None
+            raise
 
     @torch.no_grad()
     def load(self, named_tensors: dict[str, torch.Tensor]) -> None:

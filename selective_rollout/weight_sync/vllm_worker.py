@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
 
 
 def pack_specs(specs: list[TensorSpec]) -> list[tuple[str, list[int], str]]:
@@ -55,11 +55,15 @@ class WeightSyncExtension:
         memory, not a second copy of the model (~15 GB for a 7B model in bf16)."""
         group = getattr(self, "_sr_group", None)
         if group is None:
-            raise RuntimeError("receive_weights called before init_weight_sync")
+            raise RuntimeError("receive_weights called before init_weight_sync (or after a failed sync)")
         stream = self._sr_stream(group, packed_specs)
-        self._sr_load(stream)
-        for _ in stream:  # what the loader did not ask for must still be received: rank 0 waits on it
-            pass
+        try:
+            self._sr_load(stream)
+            for _ in stream:  # what the loader did not ask for must still be received: rank 0 waits on it
+                pass
+        except SyncAborted:  # called off (a member died): the model is partly loaded until the next sync
+            self._sr_group = None
+            raise
 
     def _sr_stream(self, group, packed_specs: list[tuple[str, list[int], str]]):
         for name, shape, dtype in packed_specs:

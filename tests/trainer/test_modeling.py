@@ -1,9 +1,9 @@
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
-from selective_rollout.trainer.modeling import load_policy, merged_weights
+from selective_rollout.trainer.modeling import export_units, load_policy, merged_weights
 
 
 def test_full_model_exports_hf_names(tiny_model_dir):
@@ -30,6 +30,44 @@ def test_lora_merged_export_equals_peft_merge(tiny_model_dir):
         exported["model.layers.0.self_attn.q_proj.weight"],
         before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"],
     )
+
+
+def test_lora_export_of_a_model_with_biases_merges_weights_only_one_module_at_a_time(tmp_path):
+    """Qwen2 (the 7B configs' model) has q/k/v biases under LoRA: the delta goes into the weight,
+    the bias is exported as it is (adding the delta to it too was a shape error at the first
+    sync); each export unit is one module, a LoRA layer with its adapters."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    model = load_policy(tmp_path, TrainerConfig(lora=LoraConfig(enabled=True, rank=4)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    module_of = {
+        id(p): n.rpartition(".")[0].removesuffix(".base_layer").split(".lora_")[0]
+        for n, p in model.named_parameters()
+    }
+    units = export_units(model)
+    for unit in units:
+        assert len({module_of[id(p)] for p in unit.params}) == 1
+    q = "model.layers.0.self_attn.q_proj"
+    (q_proj,) = [u for u in units if u.exports[0][0] == f"{q}.weight"]
+    assert [n for n, _ in q_proj.exports] == [f"{q}.weight", f"{q}.bias"]
+    assert len(q_proj.params) == 4  # base weight and bias, lora_A and lora_B
+    exported = dict(merged_weights(model))
+    reference = dict(model.merge_and_unload().named_parameters())
+    assert list(exported) == list(reference)
+    for name, tensor in reference.items():
+        torch.testing.assert_close(exported[name], tensor)
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from selective_rollout.trainer.learner import free_port
-from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import (
+    SyncAborted,
+    TensorSpec,
+    broadcast,
+    call_off,
+    make_sync_group,
+)
 from selective_rollout.weight_sync.vllm_worker import WeightSyncExtension, pack_specs
 
 WEIGHTS = {f"layer{i}.weight": torch.full((64, 64), float(i)) for i in range(6)}
@@ -69,3 +77,34 @@ def test_tensors_the_loader_never_asks_for_are_still_received():
     worker = _Worker(stop_after=1)  # rank 0 broadcasts all six: the worker must take all six
     _sync(worker)
     assert list(worker.loaded) == ["layer0.weight"]
+
+
+def test_a_sync_called_off_midway_frees_the_worker_at_once():
+    """The learner sends two of six tensors and stops (it is stuck, or a peer died): the worker,
+    waiting on the third, gives up as soon as the driver calls the sync off, not after 300 s."""
+    port = free_port("127.0.0.1")
+    specs = [TensorSpec.of(n, t) for n, t in WEIGHTS.items()]
+    learner_group: list = []
+
+    def learner() -> None:
+        group = make_sync_group("gloo", "127.0.0.1", port, 0, 2)
+        learner_group.append(group)  # hosts the store: it must outlive the worker's wait
+        for spec in specs[:2]:
+            broadcast(group, WEIGHTS[spec.name].clone(), src=0)
+
+    def driver() -> None:
+        time.sleep(1.0)
+        assert call_off("127.0.0.1", port, "engine 3 died")
+
+    sender = threading.Thread(target=learner, daemon=True)
+    sender.start()
+    worker = _Worker()
+    worker.sr_init_weight_sync("127.0.0.1", port, 1, 2, "gloo")
+    threading.Thread(target=driver, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(SyncAborted, match="engine 3 died"):
+        worker.sr_receive_weights(pack_specs(specs))
+    assert time.monotonic() - start < 30
+    assert list(worker.loaded) == ["layer0.weight", "layer1.weight"]  # partly loaded until the next sync
+    assert worker._sr_group is None  # the group is abandoned: the next sync rebuilds it
+    sender.join(timeout=30)

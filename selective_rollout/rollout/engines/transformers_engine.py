@@ -318,8 +318,10 @@ class TransformersEngine(RolloutEngine):
 
     async def receive_weights(self, specs: list) -> None:
         async with self._model_lock():
-            await asyncio.to_thread(self._weights.receive, specs)
-            self._store.clear()  # KV computed under the old weights is stale
+            try:
+                await asyncio.to_thread(self._weights.receive, specs)
+            finally:  # KV computed under the old weights is stale (also after a called-off sync)
+                self._store.clear()
 
     async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
         async with self._model_lock():

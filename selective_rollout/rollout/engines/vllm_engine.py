@@ -185,8 +185,10 @@ class VLLMEngine(RolloutEngine):
         return self.params.tensor_parallel_size  # each tensor-parallel worker holds its own shard
 
     async def receive_weights(self, specs: list) -> None:
-        await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))
-        await self.engine.reset_prefix_cache()  # cached KV was computed by the old weights
+        try:
+            await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))
+        finally:  # cached KV was computed by the old weights (also after a called-off sync)
+            await self.engine.reset_prefix_cache()
 
     async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
         await self.engine.collective_rpc("sr_load_weights", args=(pack_tensors(named_tensors),))

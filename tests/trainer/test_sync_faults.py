@@ -1,0 +1,172 @@
+"""An engine that dies in the middle of a weight sync (real Ray actors, gloo for NCCL): the sync
+fails within seconds and names the engine instead of waiting out the collective's 300 s timeout,
+and the driver's dead-engine replacement brings every engine back to the learner's weights."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import ray
+
+from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.trainer import LearnerGroup, WeightSyncFailed
+from selective_rollout.weight_sync.collective import SYNC_TIMEOUT_S
+from tests.trainer.conftest import make_batch
+from tests.trainer.engine_double import EngineDouble
+
+pytestmark = pytest.mark.ray
+
+# a correctness bound, not a timing claim: the sync must not wait for the collective's timeout
+FAILS_WITHIN_S = 60.0
+assert FAILS_WITHIN_S < SYNC_TIMEOUT_S / 4
+
+
+class Sink:
+    """Where a dying engine double reports mid-sync (``EngineDouble.die_during_next_sync``): the
+    sink then kills it with ``ray.kill`` and keeps whatever sockets it was handed open."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="sink-")  # short: a UNIX socket path has ~100 bytes
+        self.path = os.path.join(self.dir, "s")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(1)
+        self.victim = None
+        self.held: list[int] = []
+        self.killed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.server.accept()
+            with conn:
+                _, self.held, _, _ = socket.recv_fds(conn, 64, 64)
+            ray.kill(self.victim)
+            self.killed.set()
+
+    def close(self) -> None:
+        for fd in self.held:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.server.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+            os.rmdir(self.dir)
+
+
+@pytest.fixture(scope="module")
+def learner(ray_cluster, tiny_model_dir):
+    group = LearnerGroup(TrainerConfig(lr=1e-2, weight_sync="gloo"), tiny_model_dir)
+    yield group
+    group.shutdown()
+
+
+def _train(group: LearnerGroup, seed: int) -> None:
+    """Move the policy, so that an engine that missed part of a sync differs from the learner."""
+    group.train_step(make_batch(seed, {"a": [1.0, 0.0], "b": [0.0, 1.0]}, turns=2))
+
+
+def _engine(model_dir: Path, **kwargs):
+    return ray.remote(EngineDouble).remote(str(model_dir), **kwargs)
+
+
+def _arm(engine, sink: Sink, hold_open: bool) -> None:
+    sink.victim = engine
+    ray.get(engine.die_during_next_sync.remote(3, sink.path, hold_open))
+
+
+@pytest.mark.parametrize("hold_open", [True, False], ids=["connections-left-open", "connections-reset"])
+def test_an_engine_dying_mid_sync_fails_it_fast_and_names_it(learner, tiny_model_dir, hold_open):
+    """``connections-left-open``: the dead engine's sockets stay open (the test holds them), so
+    its peers see nothing, as with NCCL or a lost node: before the sync could be called off the
+    learner waited here for the 300 s timeout. ``connections-reset``: gloo notices by itself."""
+    engines = [_engine(tiny_model_dir) for _ in range(3)]
+    sink = Sink()
+    try:
+        learner.sync_weights(engines)  # the group is up
+        _train(learner, 1 + hold_open)
+        _arm(engines[1], sink, hold_open)
+        start = time.monotonic()
+        with pytest.raises(WeightSyncFailed, match=r"engine 1 \(actor [0-9a-f]+\) died during it") as failed:
+            learner.sync_weights(engines)
+        assert time.monotonic() - start < FAILS_WITHIN_S
+        assert sink.killed.is_set() and bool(sink.held) == hold_open
+        assert failed.value.dead_engines == [1]
+        # the learner and the survivors are free at once: a new group with a replacement syncs all
+        engines[1] = _engine(tiny_model_dir, blank=True)
+        start = time.monotonic()
+        learner.sync_weights(engines)
+        assert time.monotonic() - start < FAILS_WITHIN_S
+        want = learner.weights_checksum()
+        got = ray.get([e.weights_checksum.remote() for e in engines])
+        assert got == pytest.approx([want] * 3, rel=1e-12)
+    finally:
+        for engine in engines:
+            ray.kill(engine)
+        sink.close()
+
+
+class CoordinatorDouble:
+    """The coordinator's engine-slot surface that ``Trainer.replace_dead_engines`` uses."""
+
+    def __init__(self) -> None:
+        self.replaced: list[int] = []
+
+    def dead_engines(self) -> list[int]:
+        return []  # it saw no request fail: only the driver's probe can find the dead engine
+
+    def replace_engine(self, index: int, engine) -> None:
+        self.replaced.append(index)
+
+    def replacements(self) -> list[int]:
+        return self.replaced
+
+
+def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
+    learner, tiny_model_dir, monkeypatch
+):
+    """``Trainer.sync_weights``, the driver's path, over the real learner and engine doubles."""
+    import selective_rollout.rollout.engines as engines_module
+    from selective_rollout.train import Trainer
+
+    started: list = []
+
+    def create_engines(cfg, model_path, num, actor_options=None):
+        started.extend(_engine(model_path, blank=True) for _ in range(num))
+        return started[-num:]
+
+    monkeypatch.setattr(engines_module, "create_engines", create_engines)
+    trainer = object.__new__(Trainer)  # only what the sync and the replacement use
+    trainer.cfg = SimpleNamespace(engine=None, placement=SimpleNamespace(engine_options=dict))
+    trainer.model_path = tiny_model_dir
+    trainer.learner = learner
+    trainer.engines = [_engine(tiny_model_dir) for _ in range(2)]
+    trainer.coordinator = ray.remote(CoordinatorDouble).remote()
+    trainer.engine_restarts = 0
+    first = trainer.engines[0]
+    sink = Sink()
+    try:
+        trainer.sync_weights()
+        _train(learner, 3)
+        _arm(first, sink, hold_open=True)
+        start = time.monotonic()
+        trainer.sync_weights()  # fails once, replaces engine 0, syncs again
+        assert time.monotonic() - start < FAILS_WITHIN_S
+        assert trainer.engine_restarts == 1 and trainer.engines[0] is started[0]
+        assert ray.get(trainer.coordinator.replacements.remote()) == [0]
+        want = learner.weights_checksum()
+        got = ray.get([e.weights_checksum.remote() for e in trainer.engines])
+        assert got == pytest.approx([want] * 2, rel=1e-12)
+    finally:
+        for engine in [*trainer.engines, first, *started]:
+            ray.kill(engine)
+        ray.kill(trainer.coordinator)
+        sink.close()
