@@ -8,6 +8,13 @@ the gate is known to be good enough on this task distribution and auditing taper
 first stop of a run is always audited (with a non-zero budget), so a run that cut groups
 never reports "0 audited" by chance.
 
+Audits still running count too: with many groups in flight, several stops can be chosen before
+the first audited group finishes, and counting only finished audits let a 5% budget overspend
+several times over. Each audit in flight reserves its expected cost (the mean cost of finished
+audits; before any has finished, the mean step-tokens of a finished group, an upper bound of the
+part after the gate step; before any group has finished, no second audit is started) until its
+group ends, however it ends.
+
 It lives in the gate library (floor 1) because it needs nothing but records: the coordinator
 runs it online, and the held-out evaluation (gate/heldout.py) replays logs under the same rule.
 """
@@ -30,6 +37,8 @@ class AuditBudget:
     audited: int = 0
     audited_zero_variance: int = 0
     chosen: int = 0  # stops chosen for audit, finished or not (a run's first stop is one)
+    in_flight: int = 0  # chosen audits whose group has not ended yet
+    finished: int = 0  # groups observed, of every outcome
 
     def want_audit(self) -> bool:
         """Called when the gate stops a group: run this one on in shadow?"""
@@ -39,14 +48,35 @@ class AuditBudget:
             return True
         if self.precision_low() >= self.target_precision:
             return False
-        return self.budget >= 1.0 or self.audit_spent < self.budget * self.spent
+        if self.budget >= 1.0:
+            return True
+        reserved = self.in_flight * self.expected_cost() if self.in_flight else 0.0
+        return self.audit_spent + reserved < self.budget * self.spent
+
+    def expected_cost(self) -> float:
+        """What an audit in flight is expected to cost in step-tokens (see the module doc)."""
+        if self.audited:
+            return self.audit_spent / self.audited
+        if self.finished:
+            return self.spent / self.finished
+        return float("inf")
 
     def decided(self, audit: bool) -> None:
         self.chosen += audit
+        self.in_flight += audit
 
-    def observe(self, record: GroupRecord) -> None:
-        """Account a finished group (every outcome: the budget is a share of all spending)."""
+    def observe(self, record: GroupRecord, audit_chosen: bool | None = None) -> None:
+        """Account a finished group (every outcome: the budget is a share of all spending).
+
+        ``audit_chosen`` says whether the group had been chosen for audit, which releases its
+        reservation even when it ended without an audited outcome (a failure); by default it is
+        read off the record's outcome."""
+        self.finished += 1
         self.spent += record.step_tokens
+        if audit_chosen is None:
+            audit_chosen = record.outcome is Outcome.AUDITED
+        if audit_chosen:
+            self.in_flight = max(0, self.in_flight - 1)
         if record.outcome is Outcome.AUDITED and record.gate is not None:
             self.audited += 1
             self.audited_zero_variance += bool(record.zero_variance)

@@ -9,8 +9,10 @@ the generation in our server and in ``vllm serve``) and ``survivors`` of them ru
 
 An environment is anything an ``EpisodeSource`` can open: an episode with async ``step`` and
 ``close`` whose observations have ``obs`` (text), ``admissible`` (commands, [] if free-form),
-``won`` and ``done``, and the system prompt to play it with. ``alfworld_game`` is the one for our
-ALFWorld games.
+``won`` and ``done``, the system prompt to play it with, and where a reply's action is (after
+``Action:``, ReAct, or its first line). With an admissible list a reply's action is matched to one
+of its commands; without one (a free-form environment) the action is the text itself.
+``alfworld_game`` is the source for our ALFWorld games.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -27,7 +29,7 @@ from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.gate import Gate
 from selective_rollout.integrations.episodes import ThreadedEpisode
 from selective_rollout.integrations.live_group import LiveGroup
-from selective_rollout.rollout.actions import parse_action
+from selective_rollout.rollout.actions import INVALID_ACTION, parse_action
 from selective_rollout.rollout.prompts import system_prompt, user_text
 
 
@@ -53,6 +55,7 @@ class EpisodeSource:
     name: str
     open: Callable[[], Awaitable[tuple[AgentEpisode, AgentObservation]]]
     system_prompt: str
+    action_format: Literal["react", "action"] = "react"
 
 
 def alfworld_game(game_dir: str | Path) -> EpisodeSource:
@@ -69,6 +72,7 @@ class SampleResult:
     cut: bool = False
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    aborted: bool = False  # cut with a request in flight, which was cancelled (aborted upstream)
 
 
 @dataclass
@@ -82,6 +86,10 @@ class GroupResult:
     @property
     def completion_tokens(self) -> int:
         return sum(s.completion_tokens for s in self.samples)
+
+    @property
+    def requests_aborted(self) -> int:
+        return sum(s.aborted for s in self.samples)
 
     @property
     def answer(self) -> bool:
@@ -153,7 +161,8 @@ async def _sample(
             res.completion_tokens += int(reply["usage"].get("completion_tokens", 0))
             res.prompt_tokens += int(reply["usage"].get("prompt_tokens", 0))
             messages.append({"role": "assistant", "content": reply["text"]})
-            command = parse_action(reply["text"], ob.admissible, "react", cfg.fuzzy_threshold).command
+            parsed = parse_action(reply["text"], ob.admissible, source.action_format, cfg.fuzzy_threshold)
+            command = parsed.command if ob.admissible else parsed.extracted or INVALID_ACTION
             ob = await episode.step(command)
             res.actions.append(command)
             res.won = ob.won
@@ -163,7 +172,7 @@ async def _sample(
     finally:
         group.end(i)
         await episode.close()
-    res.cut = group.cut[i]
+    res.cut, res.aborted = group.cut[i], group.aborted[i]
     return res
 
 

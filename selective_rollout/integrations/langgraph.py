@@ -40,6 +40,7 @@ class SampleSummary(TypedDict):
     actions: list[str]
     won: bool
     cut: bool
+    aborted: bool  # cut while its request was in flight: the request was aborted
     completion_tokens: int
 
 
@@ -67,7 +68,11 @@ def as_state(result: GroupResult) -> GatedResult:
         reason=result.reason,
         samples=[
             SampleSummary(
-                actions=list(s.actions), won=s.won, cut=s.cut, completion_tokens=s.completion_tokens
+                actions=list(s.actions),
+                won=s.won,
+                cut=s.cut,
+                aborted=s.aborted,
+                completion_tokens=s.completion_tokens,
             )
             for s in result.samples
         ],

@@ -33,6 +33,7 @@ class LiveGroup:
         self.gate, self.g, self.survivors = gate, g, survivors
         self.watch = GateWatch(gate, g)
         self.cut = [False] * g
+        self.aborted = [False] * g  # a cut sample whose request was in flight, and so cancelled
         self._cut_events = [asyncio.Event() for _ in range(g)]
 
     @property
@@ -96,6 +97,7 @@ class LiveGroup:
         if task.done():
             return task.result()
         task.cancel()
+        self.aborted[i] = True
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return None

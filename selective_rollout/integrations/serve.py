@@ -2,7 +2,8 @@
 
 Lets the inference-time gate (selective_rollout.integrations.infer) and any OpenAI client talk to
 the engines we already have, exactly as they would talk to ``vllm serve``. Endpoints:
-``GET /v1/models`` and ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
+``GET /v1/models``, ``GET /metrics`` (Prometheus: requests, aborted requests, tokens; see
+``server_metrics``) and ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
 temperature, top_p, n, seed, stream, stream_options.include_usage). ``stream=true`` answers with
 server-sent events in OpenAI's chunk format (``choices[].delta``, ``finish_reason``, a final
 ``usage`` chunk when ``include_usage`` is set, ``data: [DONE]``). A client that disconnects,
@@ -36,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.integrations.server_metrics import ServerMetrics
 from selective_rollout.models import resolve_model
 from selective_rollout.rollout.engines.base import (
     Completion,
@@ -168,7 +170,7 @@ class ChatServer:
         self._ids = itertools.count()
         self._admitted_tokens = 0
         self._room = asyncio.Condition()
-        self.aborted = 0
+        self.metrics = ServerMetrics()
 
     @contextlib.asynccontextmanager
     async def _admitted(self, budget: int) -> AsyncIterator[None]:
@@ -187,7 +189,17 @@ class ChatServer:
         app = web.Application()
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/metrics", self.prometheus)
         return app
+
+    @property
+    def aborted(self) -> int:
+        """Requests aborted because their client went away."""
+        return self.metrics.aborted
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        text, content_type = self.metrics.exposition()
+        return web.Response(body=text, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
@@ -216,6 +228,7 @@ class ChatServer:
                 f"{self.limits.max_admitted_tokens} (--max-admitted-tokens)",
             )
         rid = f"chatcmpl-{next(self._ids)}"
+        self.metrics.requests.inc()
         if include_usage is not None:
             async with self._admitted(budget):
                 return await self._stream(request, rid, messages, sampling, include_usage)
@@ -224,12 +237,13 @@ class ChatServer:
             try:
                 done = await asyncio.shield(task)
             except asyncio.CancelledError:  # the client went away: free the engine at once
-                self.aborted += 1
+                self.metrics.aborted_requests.inc()
                 await self.engine.abort([rid])
                 await asyncio.wait([task])
                 raise
             except EngineError as exc:
                 return _error(400, str(exc))
+        self.metrics.completed(done)
         return web.json_response(
             {
                 "id": rid,
@@ -285,6 +299,7 @@ class ChatServer:
             event: TextDelta | Completion = first
             while True:
                 if isinstance(event, Completion):
+                    self.metrics.completed(event)
                     if include_usage:
                         await response.write(chunk([], usage=_usage(event)))
                     break
@@ -301,7 +316,7 @@ class ChatServer:
             await response.write_eof()
             return response
         except (asyncio.CancelledError, ConnectionResetError):  # the client went away mid-stream
-            self.aborted += 1
+            self.metrics.aborted_requests.inc()
             raise
         finally:
             await events.aclose()  # aborts the request in the engine if it is still running

@@ -192,7 +192,7 @@ class GroupCoordinator:
                 if group.failure is not None:
                     meta["failure"] = group.failure
                 record = group.to_record(iteration, outcome, meta)
-                self.audits.observe(record)
+                self.audits.observe(record, audit_chosen=group.audit)
                 self.gate.observe(record)  # a gate with memory (history, audits) learns here
                 records.append(record)
                 if self.writer is not None:

@@ -51,6 +51,49 @@ def test_spending_is_capped_at_the_budget_share() -> None:
     assert audits.want_audit()
 
 
+def _spend(audits: AuditBudget, groups: int) -> None:
+    """``groups`` finished ordinary groups of 100 step-tokens each (2 x 5 steps x 10 tokens)."""
+    for _ in range(groups):
+        audits.observe(_group(Outcome.COMPLETED, 10, 5, [0.0, 1.0], gate_step=None))
+
+
+def test_audits_in_flight_reserve_their_expected_cost() -> None:
+    # 4,000 tokens spent, so a 5% budget is 200 tokens; a group costs 100 on average.
+    # Ten stops arrive while their groups are all still running: counting finished audits only,
+    # all ten would be audited (0 spent < 200); reserving 100 each, two are.
+    audits = AuditBudget(budget=0.05)
+    _spend(audits, 40)
+    chosen = 0
+    for _ in range(10):
+        audit = audits.want_audit()
+        audits.decided(audit)
+        chosen += audit
+    assert chosen == 2 and audits.in_flight == 2
+    # one audited group ends having cost 40 tokens after its gate step: the expected cost is now
+    # its real mean (40), so 40 spent + 1 x 40 reserved < 200 leaves room for more audits
+    audits.observe(_group(Outcome.AUDITED, 10, 4, [0.0, 0.0], gate_step=2), audit_chosen=True)
+    assert audits.in_flight == 1 and audits.expected_cost() == 40
+    assert audits.want_audit()
+
+
+def test_an_audit_that_fails_releases_its_reservation() -> None:
+    audits = AuditBudget(budget=0.05)
+    _spend(audits, 40)
+    for _ in range(2):
+        audits.decided(audits.want_audit())
+    assert not audits.want_audit()
+    failed = _group(Outcome.FAILED, 10, 3, [0.0, 0.0], gate_step=2)
+    audits.observe(failed, audit_chosen=True)  # its engine died: no audited outcome, no precision
+    assert audits.in_flight == 1 and audits.audited == 0
+    assert audits.want_audit()
+
+
+def test_no_second_audit_before_any_group_has_finished() -> None:
+    audits = AuditBudget(budget=0.5)
+    audits.decided(audits.want_audit())
+    assert audits.expected_cost() == float("inf") and not audits.want_audit()
+
+
 def test_auditing_tapers_once_the_precision_bound_clears_the_target() -> None:
     audits = AuditBudget(budget=1.0, target_precision=0.9)
     n = 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 
+import httpx
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
+from prometheus_client.parser import text_string_to_metric_families
 
 from selective_rollout.gate import build_gate
 from selective_rollout.integrations.agent_loop import EpisodeSource, LoopConfig
@@ -15,6 +18,31 @@ from selective_rollout.integrations.langgraph import GatedSamples, gated_graph
 from selective_rollout.integrations.serve import serve_subprocess
 
 GREEDY = LoopConfig(model="smollm2", max_steps=3, max_tokens=16, temperature=0.0)
+SAMPLED = LoopConfig(model="smollm2", max_steps=3, max_tokens=12, temperature=1.0, seed=7)
+
+
+def server_counts(base_url: str) -> dict[str, int]:
+    """The server's own counters (requests, requests_finished, requests_aborted,
+    generation_tokens), read from its Prometheus ``/metrics``."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    return {
+        sample.name.removeprefix("selective_rollout_").removesuffix("_total"): int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def settled_counts(base_url: str, before: dict[str, int]) -> dict[str, int]:
+    """What the server counted since ``before``, once no request is left running (it notices a
+    closed connection a moment after the client closes it)."""
+    for _ in range(100):
+        now = server_counts(base_url)
+        delta = {k: now[k] - before.get(k, 0) for k in now}
+        if delta["requests"] == delta["requests_finished"] + delta["requests_aborted"]:
+            return delta
+        time.sleep(0.1)
+    raise AssertionError(f"requests still running on the server: {delta}")
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +60,19 @@ def test_the_node_cuts_converged_samples_in_a_checkpointed_graph(base_url, tiny_
     gate = build_gate("prefix_edit", k=1, tau=0.12)
     graph = gated_graph(GatedSamples(base_url, "smollm2", gate, g=3, loop=GREEDY), InMemorySaver())
     config = {"configurable": {"thread_id": "gated-1"}}
+    before = server_counts(base_url)
     out = asyncio.run(graph.ainvoke({"task": str(game)}, config))
     gated = out["gated"]
     assert gated["fired"] and gated["cut_step"] == 1
     assert [s["cut"] for s in gated["samples"]] == [False, True, True]
+    # From the server's side: the only requests that ran to their end are the replies the
+    # samples played (one per action), so no cut sample's request was generated in full; a cut
+    # sample's request in flight was aborted (unless it was cancelled before reaching the server).
+    served = settled_counts(base_url, before)
+    assert served["requests_finished"] == sum(len(s["actions"]) for s in gated["samples"])
+    assert served["generation_tokens"] == gated["tokens_spent"]
+    assert served["requests_aborted"] <= sum(s["aborted"] for s in gated["samples"])
+    assert not gated["samples"][0]["aborted"]
     assert all(len(s["actions"]) == 1 for s in gated["samples"][1:])  # cut after their first action
     assert len(gated["samples"][0]["actions"]) > 1 or gated["samples"][0]["won"]
     assert gated["tokens_saved_estimate"] > 0 and gated["tokens_spent"] > 0
@@ -78,6 +115,42 @@ def counting(task: str) -> EpisodeSource:
         return Counter(), CounterObservation(f"{task} The count is 0.", ["next", "wait"])
 
     return EpisodeSource("counter", open_episode, "You play a counting game. Reply with one command.")
+
+
+class Chatter:
+    """A free-form toy environment (no admissible list) that never ends: what a sample says is
+    its action, so samples drawn with different seeds take different actions."""
+
+    async def step(self, command: str) -> CounterObservation:
+        return CounterObservation("Tell me something else.", [])
+
+    async def close(self) -> None:
+        pass
+
+
+def chatting(task: str) -> EpisodeSource:
+    async def open_episode():
+        return Chatter(), CounterObservation(task, [])
+
+    return EpisodeSource("chatter", open_episode, "Say one short sentence.", action_format="action")
+
+
+def test_a_divergent_group_runs_to_the_end_under_a_real_gate(base_url) -> None:
+    """Sampled free-form replies differ from the first step, so the same prefix-edit gate that
+    cuts the converged group above lets this one run: every sample plays every step, none is cut,
+    no request is aborted."""
+    before = server_counts(base_url)
+    node = GatedSamples(
+        base_url, "smollm2", build_gate("prefix_edit", k=1, tau=0.12), g=3, loop=SAMPLED, source=chatting
+    )
+    gated = asyncio.run(node({"task": "Tell me about your day."}))["gated"]
+    assert not gated["fired"] and gated["cut_step"] is None
+    samples = gated["samples"]
+    assert all(len(s["actions"]) == SAMPLED.max_steps and not s["cut"] for s in samples)
+    assert len({s["actions"][0] for s in samples}) == 3  # they did diverge at the gate's step
+    assert gated["tokens_saved_estimate"] == 0
+    served = settled_counts(base_url, before)
+    assert served["requests_aborted"] == 0 and served["requests_finished"] == 3 * SAMPLED.max_steps
 
 
 def test_any_environment_and_any_state_keys(base_url) -> None:

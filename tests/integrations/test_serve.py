@@ -182,6 +182,9 @@ def test_a_client_that_leaves_mid_stream_aborts_its_generation(smollm2_path) -> 
                     await asyncio.sleep(0.05)
                 generated = (await engine.health())["generated_tokens"]
                 after = await c.post("chat/completions", json=GREEDY)
+                metrics = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
+            assert "selective_rollout_requests_aborted_total 1.0" in metrics
+            assert "selective_rollout_requests_finished_total 1.0" in metrics  # the one after
             return server.aborted, len(engine._requests), generated, after.status_code
         finally:
             await runner.cleanup()
