@@ -320,6 +320,9 @@ class EnvPool:
         steps = sum(s["steps"] for s in stats)
         step_s = sum(s["step_s"] for s in stats)
         return {
+            # the workers' own time in step and reset: over wall-clock x workers, the env busy share
+            "env/busy_s": step_s + sum(s["reset_s"] for s in stats),
+            "env/workers": float(len(stats)),
             "env/steps": float(steps),
             "env/step_s_mean": step_s / steps if steps else 0.0,
             "env/reset_s_mean": sum(self._reset_s) / len(self._reset_s) if self._reset_s else 0.0,

@@ -8,14 +8,23 @@ tokens, it times the three things a GRPO rollout does:
                 (what per-trajectory KV reuse is for)
 plus TTFT (a max_tokens=1 request on a fresh prompt) and, as the lock-step baseline, plain HF
 ``model.generate`` on G copies of the prompt. Run: ``python bench/engine_throughput.py``.
+
+``--prefill`` measures the transformers engine's prefill alone, batched against one request at a
+time (``engine.prefill_batch_size`` 16 vs 1, two engines side by side, arms alternating): B
+trajectories each hold a cached ~``--prompt-tokens`` dialogue and send their next turn (a
+~``--suffix-tokens`` observation) at once with ``max_tokens=1``, so the timed work is the prefill
+of B suffixes over their cached prefixes, what a rollout's engine does each turn; it prints
+prefill tokens/s per batch size and the ratio batched / one at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -113,6 +122,95 @@ def bench_hf_generate(model_path: Path, tokenizer, g: int, prompt_tokens: int, n
     return {"G": g, "first_turn_tok_s": round((out.shape[1] - p.shape[1]) * g / s, 1)}
 
 
+OBSERVATION = (
+    "\n<|im_start|>user\nObservation: You arrive at {place}. On the {place}, you see a mug {i}, a "
+    "spatula {i}, a saltshaker {i}, a peppershaker {i}, a butterknife {i} and a dishsponge {i}.<|im_end|>"
+    "\n<|im_start|>assistant\n"
+)
+
+
+async def bench_prefill(
+    engine, tokenizer, batch: int, prompt_tokens: int, suffix_tokens: int, tag: str
+) -> dict:
+    """B sessions with a cached dialogue each send their next turn together (see the module doc)."""
+    one = SamplingParams(max_tokens=1, temperature=1.0, seed=0)
+    first = [make_prompt(tokenizer, prompt_tokens, f"{tag}-{j}") for j in range(batch)]
+    sessions = [f"pf-{tag}-{j}" for j in range(batch)]
+    done = await asyncio.gather(
+        *(
+            engine.generate(f"{tag}-a{j}", p, one, session_id=sid)
+            for j, (p, sid) in enumerate(zip(first, sessions, strict=True))
+        )
+    )
+    nxt = []
+    for j, c in enumerate(done):
+        obs, places = [], itertools.cycle(["countertop", "diningtable", "shelf", "sidetable"])
+        while len(obs) < suffix_tokens:
+            obs += tokenizer(
+                OBSERVATION.format(place=next(places), i=j + 1), add_special_tokens=False
+            ).input_ids
+        nxt.append(first[j] + c.outputs[0].token_ids + obs[:suffix_tokens])
+    before = await engine.health()
+    t = time.perf_counter()
+    await asyncio.gather(
+        *(
+            engine.generate(f"{tag}-b{j}", p, one, session_id=sid)
+            for j, (p, sid) in enumerate(zip(nxt, sessions, strict=True))
+        )
+    )
+    s = time.perf_counter() - t
+    after = await engine.health()
+    await engine.release(sessions)
+    prefilled = after["prefilled_tokens"] - before["prefilled_tokens"]
+    return {
+        "batch": batch,
+        "prefilled_tokens": prefilled,
+        "forwards": after["prefill_forwards"] - before["prefill_forwards"],
+        "prefill_tok_s": round(prefilled / s, 1),
+    }
+
+
+async def prefill_async(args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+
+    model_path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    arms = {"one_at_a_time": 1, "batched": 16}
+    engines = {}
+    for arm, size in arms.items():
+        cfg = EngineConfig(
+            backend="transformers", dtype=args.dtype, threads=args.threads, prefill_batch_size=size
+        )
+        engines[arm] = engine_class("transformers")(cfg, model_path)
+        await engines[arm].generate(
+            "warmup", make_prompt(tokenizer, 64, "warm"), SamplingParams(max_tokens=2)
+        )
+    rows = []
+    for batch in args.prefill_batches:
+        speeds: dict[str, list[float]] = {arm: [] for arm in arms}
+        for r in range(args.repeats):
+            for arm, engine in engines.items():  # alternating, so drift in the machine hits both
+                row = await bench_prefill(
+                    engine, tokenizer, batch, args.prompt_tokens, args.suffix_tokens, f"{arm}-{batch}-{r}"
+                )
+                speeds[arm].append(row["prefill_tok_s"])
+                print(json.dumps({"arm": arm, **row}))
+        best = {arm: statistics.median(v) for arm, v in speeds.items()}
+        row = {"batch": batch, **{f"{arm}_tok_s": v for arm, v in best.items()}}
+        row["ratio_batched"] = round(best["batched"] / best["one_at_a_time"], 2)
+        rows.append(row)
+        print(json.dumps(row))
+    for engine in engines.values():
+        await engine.shutdown()
+    shape = f"suffix {args.suffix_tokens} tokens over a cached ~{args.prompt_tokens}-token dialogue"
+    print(f"\nprefill tokens/s, medians of {args.repeats} ({shape}, {args.dtype}):")
+    print("| batch | one at a time | batched | ratio |\n|---|---|---|---|")
+    for row in rows:
+        one, both = row["one_at_a_time_tok_s"], row["batched_tok_s"]
+        print(f"| {row['batch']} | {one:.0f} | {both:.0f} | x{row['ratio_batched']:.2f} |")
+    return {"prefill": rows}
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     model_path = resolve_model(args.model)
     from transformers import AutoTokenizer
@@ -165,8 +263,12 @@ def main() -> None:
     ap.add_argument("--gpu-mem", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--prefill", action="store_true", help="measure batched vs one-at-a-time prefill only")
+    ap.add_argument("--prefill-batches", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--suffix-tokens", type=int, default=40, help="--prefill: new tokens per turn")
+    ap.add_argument("--dtype", default="bfloat16", help="--prefill: the engine's dtype (the CPU profile's)")
     args = ap.parse_args()
-    results = asyncio.run(main_async(args))
+    results = asyncio.run(prefill_async(args) if args.prefill else main_async(args))
     results["machine"] = {
         "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],

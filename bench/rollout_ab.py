@@ -12,16 +12,19 @@ stream, back to back, and the script prints ratios:
    sends its request at once (one engine round, batched by the engine's decode batching) and then
    all take one environment step together; each trajectory keeps its KV session across turns,
    which is what the paper's vLLM server with ``enable_prefix_caching=True`` gives (its dialogue
-   prefix is not prefilled again). Where it cannot match: our transformers engine prefills the
-   new suffix of each request one request at a time while vLLM prefills a batch together, and the
-   paper's process steps its environments in a loop where ours are Ray workers.
+   prefix is not prefilled again), and the turn's requests are prefilled together in one padded
+   forward, as vLLM batches them. Where it cannot match: the paper's process steps its
+   environments in a loop where ours are Ray workers.
 3. refill on, dapo vs selective+dapo: wall-clock per informative (non-zero-variance) group
    delivered (target >= 30% less).
 
     python bench/rollout_ab.py [--tasks 8] [--config configs/cpu_default.yaml] [overrides ...]
 
-On 2 CPU cores the engine (SmolLM2, constrained choice) dominates step time; see the printed
-per-step costs before reading the ratios.
+Each arm also prints where its time went: env steps/s, generated tokens/s, prompt tokens prefilled
+per env step, the engine busy fraction (share of the arm's wall-clock with at least one request in
+the engine, ``busy_s`` of ``health()``) and the env busy fraction (the workers' step and reset time
+over wall-clock x workers). On 2 CPU cores the engine (SmolLM2, constrained choice) dominates step
+time; see those figures before reading the ratios.
 """
 
 from __future__ import annotations
@@ -46,10 +49,13 @@ def run_arm(cfg, engines, model_path, tasks, label: str, run_dir: Path | None = 
 
     coordinator = create_coordinator(cfg, engines, model_path, run_dir)
     try:
-        ray.get(coordinator.env_metrics.remote())  # env workers up before the clock starts
+        env0 = ray.get(coordinator.env_metrics.remote())  # env workers up before the clock starts
+        engine0 = ray.get([e.health.remote() for e in engines])
         start = time.perf_counter()
         batch = ray.get(coordinator.rollout.remote(tasks, 0))
         wall = time.perf_counter() - start
+        env1 = ray.get(coordinator.env_metrics.remote())
+        engine1 = ray.get([e.health.remote() for e in engines])
     finally:
         # bounded: after Ctrl-C the rollout call may still hold the actor; kill it regardless
         try:
@@ -57,13 +63,26 @@ def run_arm(cfg, engines, model_path, tasks, label: str, run_dir: Path | None = 
         except ray.exceptions.GetTimeoutError:
             print("  the coordinator did not shut down within 30 s; killing it", file=sys.stderr)
         ray.kill(coordinator)
-    m = batch.metrics
+    m = dict(batch.metrics)
     informative = sum(1 for g in batch.groups if g.outcome is Outcome.COMPLETED and g.zero_variance is False)
+    steps = max(env1["env/steps"] - env0["env/steps"], 1.0)
+    delta = [
+        {k: b[k] - a.get(k, 0) for k in ("busy_s", "prefilled_tokens")}
+        for a, b in zip(engine0, engine1, strict=True)
+    ]
+    m["bench/engine_busy_frac"] = sum(d["busy_s"] for d in delta) / (wall * len(engines))
+    m["bench/env_busy_frac"] = (env1["env/busy_s"] - env0["env/busy_s"]) / (
+        wall * max(env1["env/workers"], 1.0)
+    )
+    m["bench/prefilled_per_env_step"] = sum(d["prefilled_tokens"] for d in delta) / steps
     print(
         f"  {label:<28} wall {wall:7.1f} s  step-tokens {m['rollout/step_tokens']:>9,.0f}  "
         f"cut {int(m['rollout/groups_cut'])}  kept {int(m['rollout/groups_completed'])}  "
-        f"filtered {int(m['rollout/groups_filtered'])}  informative {informative}  "
-        f"env steps/s {m['system/env_steps_per_s']:.2f}  tokens/s {m['system/tokens_per_s']:.1f}"
+        f"filtered {int(m['rollout/groups_filtered'])}  informative {informative}\n"
+        f"  {'':<28} env steps/s {m['system/env_steps_per_s']:.2f}  generated tokens/s "
+        f"{m['system/tokens_per_s']:.1f}  prompt tokens prefilled per env step "
+        f"{m['bench/prefilled_per_env_step']:.1f}  engine busy {m['bench/engine_busy_frac']:.0%}  "
+        f"env busy {m['bench/env_busy_frac']:.0%}"
     )
     return {"batch": batch, "wall": wall, "informative": informative, "metrics": m}
 
@@ -130,6 +149,9 @@ def main() -> None:
         )
         for key, name in (("system/env_steps_per_s", "env steps/s"), ("system/tokens_per_s", "tokens/s")):
             print(f"  {name}: x{conc['metrics'][key] / max(lock['metrics'][key], 1e-9):.2f}  (target >= 3x)")
+        for key, name in (("bench/engine_busy_frac", "engine busy"), ("bench/env_busy_frac", "env busy")):
+            print(f"  {name}: lock-step {lock['metrics'][key]:.0%}, concurrent {conc['metrics'][key]:.0%}")
+        print("  engine busy target in the concurrent arm: >= 90%")
     if "dapo" not in skip:
         print("\n[3] refill on: wall per informative group delivered, dapo vs selective+dapo (same stream)")
         common = ["rollout.refill=true", f"rollout.groups_per_iteration={max(1, n // 2)}"]

@@ -405,6 +405,37 @@ def test_lockstep_mode_matches_the_paper_loop():
     assert all(session == request.rsplit("-s", 1)[0] for request, session in sessions.items())
 
 
+def test_lockstep_issues_one_engine_round_and_one_env_step_per_turn():
+    """The faithful reference (issue 15): each turn, every live trajectory's request is in the
+    engine at once (one round, all G in flight together), then one batched env step of all G
+    actions; the next round starts only after that step."""
+    co = Coordinated(["rollout.strategy=none", "rollout.mode=lockstep", "rollout.groups_per_iteration=1"])
+    events: list[tuple[str, int]] = []
+    in_flight = [0]
+    generate, step = co.engine._generate, co.env.step
+
+    async def logged_generate(request_id, *args, **kwargs):
+        in_flight[0] += 1
+        events.append(("in flight", in_flight[0]))
+        try:
+            return await generate(request_id, *args, **kwargs)
+        finally:
+            in_flight[0] -= 1
+
+    async def logged_step(actions):
+        events.append(("env step", len(actions)))
+        return await step(actions)
+
+    co.engine.generate = _Remote(logged_generate)
+    co.env.step = logged_step
+    batch = co.run(["diverge_lose"])
+    assert [o for _, o in outcomes(batch)] == [Outcome.COMPLETED]
+    turns = len(batch.groups[0].trajectories[0].steps)
+    assert turns == 7  # the script quits at step 6
+    one_turn = [("in flight", 1), ("in flight", 2), ("in flight", 3), ("in flight", 4), ("env step", 4)]
+    assert events == one_turn * turns
+
+
 def test_sampling_seeds_follow_the_task_not_the_schedule():
     """A trajectory's sampling seed is fixed by (run seed, iteration, task, trajectory, step): two
     coordinators that start the groups in another order and with other group ids seed alike."""

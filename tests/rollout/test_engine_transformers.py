@@ -228,14 +228,14 @@ def test_a_prompt_over_the_context_is_refused_before_any_prefill(hf_engine):
 
 
 def test_a_request_failing_at_admission_leaves_its_neighbours_alone(hf_engine, monkeypatch):
-    admit = hf_engine._admit
+    finish = hf_engine._finish
 
-    def admit_or_fail(req):
-        if req.request_id == "poison":
+    def finish_or_fail(item):
+        if item.req.request_id == "poison":
             raise RuntimeError("a sampler failure of this request only")
-        return admit(req)
+        return finish(item)
 
-    monkeypatch.setattr(hf_engine, "_admit", admit_or_fail)
+    monkeypatch.setattr(hf_engine, "_finish", finish_or_fail)
 
     async def go():
         sp = SamplingParams(max_tokens=4, seed=1)
@@ -273,3 +273,118 @@ def test_a_failed_step_answers_every_request_even_those_being_admitted(hf_engine
 def test_health_reports_cache_and_work(hf_engine):
     h = run(hf_engine.health())
     assert h["backend"] == "transformers" and h["alive"] and h["generated_tokens"] > 0
+    assert 0 < h["busy_s"] <= h["uptime_s"] and h["prefill_forwards"] > 0
+
+
+def _items(engine, prompts: list[list[int]], sessions: list[str | None]):
+    """Requests as the engine admits them (outputs made, cached prefix looked up)."""
+    from selective_rollout.rollout.engines.transformers_engine import _Request
+
+    loop = asyncio.new_event_loop()
+    reqs = [
+        _Request(f"direct-{i}", p, SamplingParams(max_tokens=2), sid, loop.create_future(), None)
+        for i, (p, sid) in enumerate(zip(prompts, sessions, strict=True))
+    ]
+    loop.close()
+    return [engine._prepare(r) for r in reqs]
+
+
+def test_batched_prefill_gives_the_logits_and_kv_of_one_at_a_time(hf_engine, smollm2_tokenizer):
+    """Four prompts, two of them extending a cached session, two reusing only the chat
+    template's opening from the store (three cached lengths), of different suffix lengths: one
+    padded forward gives each the last-token logits and prompt KV that its own forward gives."""
+    base = prompt_ids(smollm2_tokenizer, "You are in a kitchen. There is a fridge and a drawer.")
+    run(hf_engine.generate("pf-seed-a", base, SamplingParams(max_tokens=4, seed=1), session_id="pf-a"))
+    run(hf_engine.generate("pf-seed-b", base[:-6], SamplingParams(max_tokens=4, seed=1), session_id="pf-b"))
+    prompts = [
+        base + smollm2_tokenizer(" Nothing happens. Go on.").input_ids,
+        base[:-6] + smollm2_tokenizer(" You open the drawer 1. It is empty, sadly.").input_ids,
+        prompt_ids(smollm2_tokenizer, "Where is the apple?"),
+        prompt_ids(smollm2_tokenizer, "Put a clean mug in the coffee machine, then look around."),
+    ]
+    sessions = ["pf-a", "pf-b", None, None]
+    with torch.inference_mode():
+        batched = _items(hf_engine, prompts, sessions)
+        assert batched[0].cached > batched[1].cached > max(batched[2].cached, batched[3].cached)
+        assert len({it.cached for it in batched}) >= 3 and len({len(it.suffix) for it in batched}) == 4
+        forwards = hf_engine._stats["prefill_forwards"]
+        hf_engine._prefill(batched)
+        assert hf_engine._stats["prefill_forwards"] == forwards + 1
+        for item, alone in zip(batched, _items(hf_engine, prompts, sessions), strict=True):
+            hf_engine._prefill([alone])
+            torch.testing.assert_close(item.logits, alone.logits, atol=1e-4, rtol=0)
+            assert len(item.prompt_kv) == len(alone.prompt_kv)
+            for (k, v), (k1, v1) in zip(item.prompt_kv, alone.prompt_kv, strict=True):
+                assert k.shape == k1.shape == (1, k.shape[1], len(item.req.prompt), k.shape[3])
+                torch.testing.assert_close(k, k1, atol=1e-4, rtol=0)
+                torch.testing.assert_close(v, v1, atol=1e-4, rtol=0)
+    run(hf_engine.release(["pf-a", "pf-b"]))
+
+
+def test_requests_arriving_together_are_prefilled_in_one_forward(hf_engine, smollm2_tokenizer):
+    """Next turns of four trajectories (similar suffixes) queued together: one prefill forward,
+    and every log-prob still that of a teacher-forced pass."""
+    turn1 = [
+        prompt_ids(smollm2_tokenizer, f"Room {i}: you see a cabinet {i} and a shelf {i}.") for i in range(4)
+    ]
+    for i, p in enumerate(turn1):
+        run(hf_engine.generate(f"t1-{i}", p, SamplingParams(max_tokens=3, seed=i), session_id=f"traj-{i}"))
+    turn2 = [
+        p + smollm2_tokenizer(f" You arrive at shelf {i}. On it you see nothing.").input_ids
+        for i, p in enumerate(turn1)
+    ]
+    before = dict(hf_engine._stats)
+
+    async def go():
+        calls = [
+            hf_engine.generate(f"t2-{i}", p, SamplingParams(max_tokens=4, seed=i), session_id=f"traj-{i}")
+            for i, p in enumerate(turn2)
+        ]
+        return await asyncio.gather(*calls)
+
+    done = run(go())
+    assert hf_engine._stats["prefill_forwards"] - before["prefill_forwards"] == 1
+    assert all(c.cached_prompt_tokens > 0 for c in done)
+    for p, c in zip(turn2, done, strict=True):
+        ref = teacher_forced(hf_engine, p, c.outputs[0].token_ids)
+        torch.testing.assert_close(torch.tensor(c.outputs[0].logprobs), ref, atol=2e-4, rtol=0)
+    run(hf_engine.release([f"traj-{i}" for i in range(4)]))
+
+
+def test_siblings_arriving_together_prefill_their_shared_prompt_once(hf_engine, smollm2_tokenizer):
+    """A group's first turn: G requests with one prompt and their own sessions, all queued at
+    once. The first is prefilled; the others wait one wave and reuse it (one token each)."""
+    p = prompt_ids(smollm2_tokenizer, "A group prompt about a microwave, a sink basin and a toaster.")
+    before = dict(hf_engine._stats)
+
+    async def go():
+        sp = SamplingParams(max_tokens=2, seed=4)
+        return await asyncio.gather(
+            *(hf_engine.generate(f"sib-{i}", p, sp, session_id=f"sib-t{i}") for i in range(4))
+        )
+
+    done = run(go())
+    assert hf_engine._stats["prefilled_tokens"] - before["prefilled_tokens"] == len(p) + 3
+    assert hf_engine._stats["prefill_forwards"] - before["prefill_forwards"] == 2
+    assert sorted(c.cached_prompt_tokens for c in done) == [0, len(p) - 1, len(p) - 1, len(p) - 1]
+    run(hf_engine.release([f"sib-t{i}" for i in range(4)]))
+
+
+def test_a_request_that_breaks_the_batched_prefill_fails_alone(hf_engine, monkeypatch):
+    prefill = hf_engine._prefill
+
+    def prefill_or_fail(items):
+        if any(it.req.request_id == "breaks" for it in items):
+            raise RuntimeError("a forward this request breaks")
+        return prefill(items)
+
+    monkeypatch.setattr(hf_engine, "_prefill", prefill_or_fail)
+
+    async def go():
+        sp = SamplingParams(max_tokens=3, seed=1)
+        calls = [hf_engine.generate(rid, MSGS, sp) for rid in ("breaks", "ok-1", "ok-2")]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=120)
+
+    breaks, *fine = run(go())
+    assert isinstance(breaks, EngineError) and "breaks failed at prefill" in str(breaks)
+    assert all(c.outputs[0].finish_reason in ("stop", "length") for c in fine)

@@ -9,6 +9,7 @@ serialisers.
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -107,6 +108,32 @@ class TextDelta:
     index: int
     text: str
     finish_reason: FinishReason | None = None
+
+
+class BusyClock:
+    """Seconds during which at least one request was in flight: the time the engine had work
+    queued, one definition for every back-end, so a bench can say whether a coordinator keeps
+    its engines fed (``busy_s`` in ``health()``; its share of a wall-clock interval is the busy
+    fraction)."""
+
+    def __init__(self) -> None:
+        self._open = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        if self._open == 0:
+            self._since = time.monotonic()
+        self._open += 1
+
+    def leave(self) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self._total += time.monotonic() - self._since
+
+    @property
+    def busy_s(self) -> float:
+        return self._total + (time.monotonic() - self._since if self._open else 0.0)
 
 
 class BackendParams(BaseModel):

@@ -23,7 +23,7 @@ class _Entry:
     kv: KV
 
 
-def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(len(a), len(b))
     if n == 0:
         return 0
@@ -60,27 +60,29 @@ class SessionKVStore:
         while self._tokens > self.budget_tokens:
             self.drop([next(iter(self._entries))])
 
-    def lookup(self, session_id: str | None, prompt: list[int]) -> tuple[int, KV | None]:
+    def lookup(self, session_id: str | None, prompt: list[int], peek: bool = False) -> tuple[int, KV | None]:
         """Longest cached prefix of ``prompt``: its length and the KV views covering it.
 
         At least one prompt token is always left to prefill, because its logits are needed.
+        ``peek`` asks without counting it as a use (the LRU order stays).
         """
         if not self._entries or len(prompt) < 2:
             return 0, None
         query = torch.as_tensor(prompt, dtype=torch.long)
         best_len, best_id = 0, None
         if session_id is not None and session_id in self._entries:
-            best_len = _common_prefix(self._entries[session_id].tokens, query)
+            best_len = common_prefix(self._entries[session_id].tokens, query)
             best_id = session_id
         for sid, entry in self._entries.items():
             if sid != best_id:
-                n = _common_prefix(entry.tokens, query)
+                n = common_prefix(entry.tokens, query)
                 if n > best_len:
                     best_len, best_id = n, sid
         best_len = min(best_len, len(prompt) - 1)
         if best_id is None or best_len == 0:
             return 0, None
-        self._entries.move_to_end(best_id)
+        if not peek:
+            self._entries.move_to_end(best_id)
         kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in self._entries[best_id].kv]
         return best_len, kv
 

@@ -28,6 +28,7 @@ from selective_rollout.config.engine import EngineConfig
 from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.base import (
     BackendParams,
+    BusyClock,
     Completion,
     CompletionOutput,
     EngineError,
@@ -36,7 +37,7 @@ from selective_rollout.rollout.engines.base import (
     TextDelta,
 )
 from selective_rollout.rollout.engines.growing_cache import GrowingCache
-from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore
+from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore, common_prefix
 from selective_rollout.rollout.engines.trie import ChoiceTrie
 from selective_rollout.weight_sync.receiver import WeightReceiver
 
@@ -82,6 +83,58 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+
+
+@dataclass(eq=False)
+class _Prefill:
+    """A request being admitted: its cached prefix, then its prompt KV and last-token logits."""
+
+    req: _Request
+    cached: int
+    kv: KV | None
+    prompt_kv: KV | None = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def suffix(self) -> list[int]:
+        return self.req.prompt[self.cached :]
+
+
+_SHARE_MIN = 16  # uncached shared prompt tokens worth waiting one prefill wave for
+_PAD_SLACK = 1.25  # a prefill batch may run at most this many tokens per real suffix token
+_PREFILL_TOKENS = 8192  # and at most this many (padded) tokens in one forward
+
+
+def _buckets(items: list[_Prefill], size: int) -> list[list[_Prefill]]:
+    """Split a wave into prefill batches of at most ``size`` requests of similar suffix length,
+    so padding stays small."""
+    out: list[list[_Prefill]] = []
+    for it in sorted(items, key=lambda it: len(it.suffix)):
+        if out:
+            bucket = out[-1]
+            width = len(it.suffix)  # the longest so far (sorted)
+            real = sum(len(b.suffix) for b in bucket) + width
+            padded = width * (len(bucket) + 1)
+            if len(bucket) < size and padded <= _PAD_SLACK * real and padded <= _PREFILL_TOKENS:
+                bucket.append(it)
+                continue
+        out.append([it])
+    return out
+
+
+def _left_padded_past(items: list[_Prefill], past: int) -> KV | None:
+    """The items' cached KV, each left-padded with zeros to ``past`` tokens, as one batch."""
+    if past == 0:
+        return None
+    template = next(it.kv for it in items if it.kv)
+    layers = []
+    for i, (k0, _) in enumerate(template):
+        _, heads, _, dim = k0.shape
+        zeros = k0.new_zeros(1, heads, past, dim)
+        ks = [_left_pad(it.kv[i][0], past) if it.kv else zeros for it in items]
+        vs = [_left_pad(it.kv[i][1], past) if it.kv else zeros for it in items]
+        layers.append((torch.cat(ks), torch.cat(vs)))
+    return layers
 
 
 class _Batch:
@@ -167,6 +220,9 @@ class TransformersParams(BackendParams):
     threads: int = Field(0, ge=0, description="torch threads per engine; 0 = torch's default")
     max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
     kv_cache_tokens: int = Field(65536, ge=0, description="session KV kept across turns (tokens)")
+    prefill_batch_size: int = Field(
+        16, ge=1, description="requests arriving together prefilled in one forward (1: one at a time)"
+    )
 
 
 class TransformersEngine(RolloutEngine):
@@ -200,8 +256,16 @@ class TransformersEngine(RolloutEngine):
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._closed = False
-        self._stats = {"generated_tokens": 0, "prefilled_tokens": 0, "cached_tokens": 0, "requests": 0}
+        self._stats = {
+            "generated_tokens": 0,
+            "prefilled_tokens": 0,  # prompt tokens run through the model (the uncached suffixes)
+            "padded_prefill_tokens": 0,  # the same with the padding of batched prefills
+            "prefill_forwards": 0,  # forwards that prefilled (one per batch of requests admitted together)
+            "cached_tokens": 0,
+            "requests": 0,
+        }
         self._started = time.monotonic()
+        self._busy = BusyClock()
 
     # ----------------------------------------------------------------- public interface
     async def generate(
@@ -292,10 +356,12 @@ class TransformersEngine(RolloutEngine):
         self._requests[request_id] = req
         self._pending.append(req)
         self._wake.set()
+        self._busy.enter()
         try:
             return await req.future
         finally:
             self._requests.pop(request_id, None)
+            self._busy.leave()
 
     def prompt_length(self, prompt: list[int] | list[dict]) -> int:
         """Tokens ``prompt`` takes once templated (what a server budgets a request by)."""
@@ -341,6 +407,7 @@ class TransformersEngine(RolloutEngine):
             "cached_sessions": len(self._store),
             "cached_kv_tokens": self._store.cached_tokens,
             "uptime_s": time.monotonic() - self._started,
+            "busy_s": self._busy.busy_s,
             **self._stats,
         }
 
@@ -402,21 +469,13 @@ class TransformersEngine(RolloutEngine):
             if seq.req.aborted and seq.finish_reason is None:
                 seq.finish_reason = "abort"
         done += self._retire()
-        admitted: list[tuple[list[_Seq], KV]] = []
+        incoming: list[_Request] = []
         rows = len(self._batch.rows)
         while self._pending and rows < self.params.max_batch_size:
-            req = self._pending.popleft()
-            try:
-                group = self._admit(req)
-            except Exception as exc:  # this request's own failure: its batch neighbours go on
-                log.exception("request %s failed at admission", req.request_id)
-                done.append((req, EngineError(f"request {req.request_id} failed: {exc!r}")))
-                continue
-            if group is None:
-                done.append((req, req.completion(self.tokenizer)))
-            else:
-                admitted.append(group)
-                rows += len(group[0])
+            incoming.append(self._pending.popleft())
+            rows += incoming[-1].sampling.n
+        admitted, answered = self._admit_all(incoming) if incoming else ([], [])
+        done += answered
         if admitted:
             self._batch.add(admitted)
         if self._batch.rows:
@@ -424,11 +483,65 @@ class TransformersEngine(RolloutEngine):
             done += self._retire()
         return done
 
-    def _admit(self, req: _Request) -> tuple[list[_Seq], KV] | None:
-        """Prefill the uncached suffix of ``req``'s prompt and sample each output's first token.
+    def _admit_all(
+        self, reqs: list[_Request]
+    ) -> tuple[list[tuple[list[_Seq], KV]], list[tuple[_Request, Any]]]:
+        """Prefill the requests that arrived together and sample each output's first token.
 
-        Returns the rows still to decode with their KV, or None when the request is already done.
+        Returns the rows still to decode with their KV, and the requests already answered
+        (aborted, finished at their first token, or failed on their own). Requests are prefilled
+        in waves: one whose prompt shares more than ``_SHARE_MIN`` uncached tokens with a request
+        of the current wave (a group's siblings on their first turn) waits for the next wave,
+        where it finds that prompt in the session store instead of prefilling it again.
         """
+        rows: list[tuple[list[_Seq], KV]] = []
+        done: list[tuple[_Request, Any]] = []
+        waiting = reqs
+        while waiting:
+            wave, deferred = [], []
+            for req in waiting:
+                if not self._shares_with(req, wave):
+                    item = self._prepare(req)
+                    if item is None:
+                        done.append((req, req.completion(self.tokenizer)))
+                    else:
+                        wave.append(item)
+                else:
+                    deferred.append(req)
+            for bucket in _buckets(wave, self.params.prefill_batch_size):
+                self._prefill_isolated(bucket, done)
+            for item in wave:
+                if item.logits is None:  # its prefill failed (answered in ``done``)
+                    continue
+                try:
+                    group = self._finish(item)
+                except Exception as exc:  # this request's own failure: its batch neighbours go on
+                    log.exception("request %s failed at admission", item.req.request_id)
+                    done.append((item.req, EngineError(f"request {item.req.request_id} failed: {exc!r}")))
+                    continue
+                if group is None:
+                    done.append((item.req, item.req.completion(self.tokenizer)))
+                else:
+                    rows.append(group)
+            waiting = deferred
+        return rows, done
+
+    def _shares_with(self, req: _Request, wave: list[_Prefill]) -> bool:
+        """Whether ``req``'s prompt shares more than ``_SHARE_MIN`` tokens beyond what the store
+        holds for it with a request of ``wave`` that will store its prompt (has a session), so
+        waiting one wave saves prefilling them twice."""
+        if req.session_id is None or not wave:
+            return False
+        cached, _ = self._store.lookup(req.session_id, req.prompt, peek=True)
+        prompt = torch.as_tensor(req.prompt)
+        return any(
+            item.req.session_id is not None
+            and common_prefix(prompt, torch.as_tensor(item.req.prompt)) - cached > _SHARE_MIN
+            for item in wave
+        )
+
+    def _prepare(self, req: _Request) -> _Prefill | None:
+        """The request's outputs and its cached prefix; None when it was aborted while queued."""
         sp = req.sampling
         req.seqs = [
             _Seq(req, i, self._generator(sp.seed, i), req.trie.fork() if req.trie else None)
@@ -440,20 +553,71 @@ class TransformersEngine(RolloutEngine):
             return None
         cached, kv = self._store.lookup(req.session_id, req.prompt)
         req.cached_prompt_tokens = cached
-        suffix = torch.tensor([req.prompt[cached:]])
-        positions = torch.arange(cached, len(req.prompt)).unsqueeze(0)
-        out = self.model(input_ids=suffix, position_ids=positions, past_key_values=_cache(kv), use_cache=True)
-        self._stats["prefilled_tokens"] += suffix.shape[1]
-        self._stats["cached_tokens"] += cached
+        return _Prefill(req, cached, kv)
+
+    def _prefill_isolated(self, bucket: list[_Prefill], done: list[tuple[_Request, Any]]) -> None:
+        """Prefill ``bucket`` in one forward; if that fails, one at a time, so a request that
+        breaks the forward fails alone."""
+        try:
+            self._prefill(bucket)
+            return
+        except Exception:
+            if len(bucket) == 1:
+                log.exception("request %s failed at prefill", bucket[0].req.request_id)
+                req = bucket[0].req
+                done.append((req, EngineError(f"request {req.request_id} failed at prefill")))
+                return
+            log.exception("a batched prefill of %d requests failed; prefilling them one by one", len(bucket))
+        for item in bucket:
+            self._prefill_isolated([item], done)
+
+    def _prefill(self, items: list[_Prefill]) -> None:
+        """One forward over the uncached suffixes of ``items``; fills each item's prompt KV and
+        last-token logits. Rows are laid out ``[zeros][cached prefix][suffix][right padding]``:
+        the zeros stand in for a shorter cached prefix (masked), and padding after the suffix
+        (masked, and never read by the real tokens before it) keeps every query row attending to
+        at least one real key, so no padded position computes NaNs that could leak."""
+        past = max(it.cached for it in items)
+        width = max(len(it.suffix) for it in items)
+        n = len(items)
+        ids = torch.zeros(n, width, dtype=torch.long)
+        positions = torch.zeros(n, width, dtype=torch.long)
+        mask = torch.zeros(n, past + width, dtype=torch.long)
+        for r, it in enumerate(items):
+            suffix = it.suffix
+            ids[r, : len(suffix)] = torch.tensor(suffix)
+            positions[r] = torch.arange(it.cached, it.cached + width)
+            mask[r, past - it.cached : past + len(suffix)] = 1
+        last = sorted({len(it.suffix) - 1 for it in items})
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask if n > 1 else None,
+            past_key_values=_cache(_left_padded_past(items, past)),
+            use_cache=True,
+            logits_to_keep=torch.tensor(last),
+        )
+        kv = _kv_of(out.past_key_values)
+        for r, it in enumerate(items):
+            keep = slice(past - it.cached, past + len(it.suffix))
+            it.prompt_kv = [(k[r : r + 1, :, keep], v[r : r + 1, :, keep]) for k, v in kv]
+            it.logits = out.logits[r, last.index(len(it.suffix) - 1)].float()
+        self._stats["prefill_forwards"] += 1
+        self._stats["prefilled_tokens"] += sum(len(it.suffix) for it in items)
+        self._stats["padded_prefill_tokens"] += n * width
+
+    def _finish(self, item: _Prefill) -> tuple[list[_Seq], KV] | None:
+        """Keep the new prompt KV for the session and sample each output's first token; returns
+        the rows still to decode with their KV, or None when the request is already done."""
+        req, prompt_kv = item.req, item.prompt_kv
+        self._stats["cached_tokens"] += item.cached
         self._stats["requests"] += 1
-        prompt_kv = _kv_of(out.past_key_values)
-        if req.session_id is not None and cached < len(req.prompt) - 1:
+        if req.session_id is not None and item.cached < len(req.prompt) - 1:
             # Worth keeping only if it is new: a sibling that reused a whole cached prompt
             # would store a duplicate (its own KV is stored when it finishes).
             self._store.put(req.session_id, req.prompt, prompt_kv)
-        logits = out.logits[0, -1].float()
         for s in req.seqs:
-            self._sample(s, logits)
+            self._sample(s, item.logits)
         live = [s for s in req.seqs if s.finish_reason is None]
         if not live:
             return None

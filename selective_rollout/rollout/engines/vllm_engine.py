@@ -22,6 +22,7 @@ from pydantic import Field
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.rollout.engines.base import (
     BackendParams,
+    BusyClock,
     Completion,
     CompletionOutput,
     EngineError,
@@ -76,6 +77,7 @@ class VLLMEngine(RolloutEngine):
         self._aborted: set[str] = set()
         self._running: set[str] = set()
         self._started = time.monotonic()
+        self._busy = BusyClock()
         self._stats = {"generated_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "requests": 0}
 
     def _vllm_params(self, sp: SamplingParams, **overrides: Any) -> Any:
@@ -121,6 +123,7 @@ class VLLMEngine(RolloutEngine):
         latest: dict[int, Any] = {}
         cached = 0
         self._running.add(request_id)
+        self._busy.enter()
         try:
             async for out in self.engine.generate(
                 TokensPrompt(prompt_token_ids=ids), self._vllm_params(sampling), request_id
@@ -130,6 +133,7 @@ class VLLMEngine(RolloutEngine):
                     latest[o.index] = o
         finally:
             self._running.discard(request_id)
+            self._busy.leave()
         aborted = request_id in self._aborted
         self._aborted.discard(request_id)
         outputs = []
@@ -205,6 +209,7 @@ class VLLMEngine(RolloutEngine):
             "alive": self.engine is not None and not self.engine.errored,
             "running_requests": len(self._running),
             "uptime_s": time.monotonic() - self._started,
+            "busy_s": self._busy.busy_s,
             **self._stats,
         }
 
