@@ -34,6 +34,12 @@ class EvalConfig(Section):
     num_tasks: int = Field(8, ge=1, description="held-out tasks per evaluation (first N of the split)")
     tries: int = Field(1, ge=1, description="episodes per task; success = mean over tries")
     greedy: bool = Field(True, description="greedy decoding; false samples at engine.temperature")
+    max_in_flight: int = Field(
+        1,
+        ge=1,
+        description="held-out tasks played at once; 1 makes greedy evaluation repeatable (in a "
+        "batch, bf16 rounding depends on which requests share a forward, and a greedy choice can flip)",
+    )
     bootstrap: int = Field(1000, ge=100, description="bootstrap resamples for the 95% CI")
 
 

@@ -565,13 +565,16 @@ class CoordinatorActor:
 
 
 def evaluation_config(cfg: RunConfig) -> RunConfig:
-    """The run's config turned into held-out evaluation: no gate, no filter, every task once."""
+    """The run's config turned into held-out evaluation: no gate, no filter, every task once,
+    ``eval.max_in_flight`` tasks at a time (one by default, so that the engine decodes a greedy
+    episode alone and the same weights always score the same)."""
     ec = cfg.eval
     rollout = cfg.rollout.model_copy(
         update={
             "strategy": "none",
             "group_size": ec.tries,
             "groups_per_iteration": ec.num_tasks,
+            "max_groups_in_flight": ec.max_in_flight,
             "refill": False,
             "audit_budget": 0.0,
             "retry_failed": True,

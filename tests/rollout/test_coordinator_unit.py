@@ -15,7 +15,7 @@ import pytest
 from alfworld_env.errors import GameError
 from selective_rollout.config import load_config
 from selective_rollout.records import Outcome, read_groups
-from selective_rollout.rollout.coordinator import GroupCoordinator, Task
+from selective_rollout.rollout.coordinator import GroupCoordinator, Task, evaluation_config
 from selective_rollout.rollout.dialogue import Conversation
 from selective_rollout.rollout.engines import Completion, CompletionOutput, SamplingParams
 
@@ -178,11 +178,15 @@ SCRIPTS = {
 class Coordinated:
     """A coordinator wired to the doubles, with the game picked from the task's game_dir."""
 
-    def __init__(self, overrides, fail_games=frozenset(), run_dir=None, bad_games=frozenset()):
+    def __init__(
+        self, overrides, fail_games=frozenset(), run_dir=None, bad_games=frozenset(), evaluation=False
+    ):
         base = ["rollout.group_size=4", "gate.k=3", "gate.tau=0.12", "rollout.audit_budget=0"]
         if any(o.startswith("gate.name=") for o in overrides):
             base.remove("gate.tau=0.12")  # another gate: its own keys (or defaults)
         cfg = load_config(None, [*base, *overrides])
+        if evaluation:  # the held-out evaluator's coordinator, as CoordinatorActor builds it
+            cfg = evaluation_config(cfg)
         self.engine = ScriptedEngine(SCRIPTS)
         self.env = ScriptedEnv(fail_games, bad_games)
         self.agent = ScriptedAgent()
@@ -434,6 +438,34 @@ def test_lockstep_issues_one_engine_round_and_one_env_step_per_turn():
     assert turns == 7  # the script quits at step 6
     one_turn = [("in flight", 1), ("in flight", 2), ("in flight", 3), ("in flight", 4), ("env step", 4)]
     assert events == one_turn * turns
+
+
+def test_evaluation_plays_one_greedy_task_at_a_time():
+    """Held-out evaluation decodes each episode alone in the engine (``eval.max_in_flight`` 1),
+    so which requests share a bf16 forward never changes a greedy choice: the same weights score
+    the same in every arm; training rollouts keep their concurrency."""
+    co = Coordinated(["eval.num_tasks=3", "rollout.max_groups_in_flight=4"], evaluation=True)
+    in_flight, most = [0], [0]
+    generate = co.engine._generate
+
+    async def counted(*args, **kwargs):
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        try:
+            return await generate(*args, **kwargs)
+        finally:
+            in_flight[0] -= 1
+
+    co.engine.generate = _Remote(counted)
+    batch = co.run(["diverge_mixed", "converge_win", "diverge_lose"], iteration=-1)
+    assert [o for _, o in outcomes(batch)] == [Outcome.COMPLETED] * 3
+    assert all(len(g.trajectories) == 1 for g in batch.groups)  # eval.tries
+    assert most[0] == 1 and co.c.cfg.engine.temperature == 0  # one episode at a time, greedy
+    training = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=3"])
+    training.engine.generate = _Remote(counted)
+    most[0] = 0
+    training.run(["diverge_mixed", "converge_win", "diverge_lose"])
+    assert most[0] > 4  # three groups of four in flight together
 
 
 def test_sampling_seeds_follow_the_task_not_the_schedule():
