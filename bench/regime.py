@@ -12,7 +12,8 @@ Pass overrides to measure another profile side by side, e.g. the previous defaul
 
 ``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
 (``python -m selective_rollout.gate.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
-prints the regime of logged groups instead (e.g. an experiment's ungated arms, pooled).
+prints the regime of logged groups instead (e.g. an experiment's ungated arms, pooled), and for a
+gated log what its audits cost as a share of its step-tokens.
 """
 
 from __future__ import annotations
@@ -26,12 +27,28 @@ from collections import defaultdict
 from pathlib import Path
 
 from selective_rollout.config import load_config
-from selective_rollout.records import GroupRecord, read_groups
+from selective_rollout.records import GroupRecord, Outcome, read_groups
 from selective_rollout.reporting.report import regime_summary, rollout_summary
+
+
+def print_audit_spending(groups: list[GroupRecord]) -> None:
+    """What the audits of a gated log cost: their step-tokens after the gate step, as a share of
+    all the log's step-tokens (``rollout.audit_budget`` is the cap this is held to)."""
+    audited = [g for g in groups if g.outcome is Outcome.AUDITED and g.gate is not None]
+    if not audited:
+        return
+    cost = sum(g.tokens_after(g.gate.step) for g in audited)
+    right = sum(bool(g.zero_variance) for g in audited)
+    total = sum(g.step_tokens for g in groups)
+    print(
+        f"audits: {len(audited)} audited groups ({right} zero-variance) took {cost / total:.1%} of the "
+        f"{total:,} step-tokens"
+    )
 
 
 def print_regime(groups: list[GroupRecord], k: int) -> None:
     summary, regime = rollout_summary(groups), regime_summary(groups, k)
+    print_audit_spending(groups)
     if not regime["groups"]:
         print("no group ran to the end: nothing to measure")
         return

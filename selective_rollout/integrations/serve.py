@@ -243,7 +243,7 @@ class ChatServer:
                 raise
             except EngineError as exc:
                 return _error(400, str(exc))
-        self.metrics.completed(done)
+        self.metrics.completed(_usage(done))
         return web.json_response(
             {
                 "id": rid,
@@ -299,7 +299,7 @@ class ChatServer:
             event: TextDelta | Completion = first
             while True:
                 if isinstance(event, Completion):
-                    self.metrics.completed(event)
+                    self.metrics.completed(_usage(event))
                     if include_usage:
                         await response.write(chunk([], usage=_usage(event)))
                     break

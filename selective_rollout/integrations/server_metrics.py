@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from selective_rollout.rollout.engines.base import Completion
-
 PREFIX = "selective_rollout"
 
 
@@ -40,10 +38,11 @@ class ServerMetrics:
     def aborted(self) -> int:
         return int(self.registry.get_sample_value(f"{PREFIX}_requests_aborted_total") or 0)
 
-    def completed(self, done: Completion) -> None:
+    def completed(self, usage: dict[str, int]) -> None:
+        """A request generated to its end, with its OpenAI ``usage``."""
         self.finished.inc()
-        self.prompt_tokens.inc(done.prompt_tokens)
-        self.generation_tokens.inc(sum(len(o.token_ids) for o in done.outputs))
+        self.prompt_tokens.inc(usage["prompt_tokens"])
+        self.generation_tokens.inc(usage["completion_tokens"])
 
     def exposition(self) -> tuple[bytes, str]:
         """The text of ``/metrics`` and its content type."""

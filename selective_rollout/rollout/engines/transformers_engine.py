@@ -90,10 +90,13 @@ class _Prefill:
     """A request being admitted: its cached prefix, then its prompt KV and last-token logits."""
 
     req: _Request
-    cached: int
-    kv: KV | None
+    kv: KV | None  # the cached prefix's KV (``req.cached_prompt_tokens`` long)
     prompt_kv: KV | None = None
     logits: torch.Tensor | None = None
+
+    @property
+    def cached(self) -> int:
+        return self.req.cached_prompt_tokens
 
     @property
     def suffix(self) -> list[int]:
@@ -553,7 +556,7 @@ class TransformersEngine(RolloutEngine):
             return None
         cached, kv = self._store.lookup(req.session_id, req.prompt)
         req.cached_prompt_tokens = cached
-        return _Prefill(req, cached, kv)
+        return _Prefill(req, kv)
 
     def _prefill_isolated(self, bucket: list[_Prefill], done: list[tuple[_Request, Any]]) -> None:
         """Prefill ``bucket`` in one forward; if that fails, one at a time, so a request that
