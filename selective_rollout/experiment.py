@@ -73,6 +73,18 @@ class ExperimentConfig(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
     bootstrap: int = Field(2000, ge=100)
     sweep: SweepSpec | None = SweepSpec()
+    gate_memory: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="arm -> arms whose runs on the *other* seeds its gate observes before it starts "
+        "(gate.observe_logs): a gate with memory (history) meets tasks it has seen, as in a longer "
+        "run, but never the paired run of its own seed; the listed arms must come before it",
+    )
+    share_before_eval: bool = Field(
+        True,
+        description="play the held-out 'before' evaluation once per seed: the arms of a seed start "
+        "from the same weights on the same tasks, and the greedy evaluation scores the same weights "
+        "the same (eval.max_in_flight 1), so later arms reuse the first one's instead of replaying it",
+    )
     keep_checkpoints: bool = Field(
         False,
         description="keep each finished arm's checkpoints; a finished arm is read back from its "
@@ -95,6 +107,14 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
             else ""
         )
         raise ConfigError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}{hint}") from None
+    order = list(exp.arms)
+    for arm, sources in exp.gate_memory.items():
+        if arm not in exp.arms or any(src not in exp.arms for src in sources):
+            raise ConfigError(f"{path}: gate_memory names an arm that is not in arms: {arm}: {sources}")
+        if any(order.index(src) >= order.index(arm) for src in sources):
+            raise ConfigError(f"{path}: gate_memory: the arms {arm} learns from must come before it in arms")
+        if len(exp.seeds) < 2:
+            raise ConfigError(f"{path}: gate_memory needs at least 2 seeds (an arm learns from the others)")
     base = Path(exp.base) if Path(exp.base).is_file() else path.parent / exp.base
     if not base.is_file():
         raise ConfigError(f"{path}: base config {exp.base} not found")
@@ -102,20 +122,23 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
 
 
 def run_arm(
-    base: Path, overrides: Sequence[str], run_dir: Path, keep_checkpoints: bool = False
+    cfg: RunConfig,
+    run_dir: Path,
+    keep_checkpoints: bool = False,
+    before_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One training run, or the finished run already in ``run_dir`` when its config is identical
     (an interrupted experiment resumes: finished arms are read back, a partial one resumes from
-    its last checkpoint); returns the run's experiment metrics. A finished arm's checkpoints are
-    deleted unless ``keep_checkpoints``: nothing in the experiment reads them again, and ten arms
-    of the CPU profile would otherwise hold ~30 GB."""
+    its last checkpoint); returns the run's experiment metrics. ``before_eval``: the held-out
+    summary of the starting weights when already known (``Trainer``). A finished arm's
+    checkpoints are deleted unless ``keep_checkpoints``: nothing in the experiment reads them
+    again, and ten arms of the CPU profile would otherwise hold ~30 GB."""
     from selective_rollout.train import Trainer
 
-    cfg = load_config(base, [*overrides, f"train.run_dir={run_dir}"])
     if finished_run(run_dir, cfg):
         log.info("reusing the finished run in %s (same config)", run_dir)
         return arm_metrics(run_dir)
-    trainer = Trainer(cfg, run_dir)
+    trainer = Trainer(cfg, run_dir, before_eval=before_eval)
     try:
         trainer.run()
     finally:
@@ -124,6 +147,19 @@ def run_arm(
     if not keep_checkpoints and finished_run(run_dir, cfg):
         shutil.rmtree(trainer.ckpt_dir, ignore_errors=True)
     return metrics
+
+
+def before_eval_key(cfg: RunConfig) -> str:
+    """What decides a run's held-out 'before' score: its evaluation config (the arm's rollout
+    strategy, refill and audit are already neutralised there) without the sections that act only
+    once training starts (gate, trainer, train, logging) and the run's name. Two runs with one
+    key start from the same weights and play the same held-out episodes."""
+    from selective_rollout.rollout.coordinator import evaluation_config
+
+    dump = evaluation_config(cfg).model_dump(
+        mode="json", exclude={"gate", "trainer", "train", "logging", "name"}
+    )
+    return json.dumps(dump, sort_keys=True)
 
 
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
@@ -304,25 +340,53 @@ def pooled_sweep(out: Path, sweep: SweepSpec, run_dirs: list[Path]) -> None:
     gate_evaluate(["--rollouts", str(pooled), "--out", str(out / "sweep"), "--k", ks, "--tau", sweep.tau])
 
 
+def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list[str]:
+    """The overrides of ``arm`` on ``seed``: the experiment's, the arm's, its gate memory (the
+    logs of its ``gate_memory`` arms on every other seed), the seed and the run folder."""
+    run_dir = out / f"{arm}-s{seed}"
+    memory = [
+        str(out / f"{src}-s{other}" / "rollouts.jsonl")
+        for src in exp.gate_memory.get(arm, [])
+        for other in exp.seeds
+        if other != seed
+    ]
+    return [
+        *exp.overrides,
+        *exp.arms[arm],
+        *([f"gate.observe_logs=[{','.join(memory)}]"] if memory else []),
+        f"seed={seed}",
+        f"train.task_shuffle_seed={seed}",
+        f"name={arm}-s{seed}",
+        f"train.run_dir={run_dir}",
+    ]
+
+
 def run_experiment(path: str | Path, out: Path | None = None) -> Path:
     exp, base = load_experiment(path)
     out = out or Path("runs") / f"experiment-{exp.name}"
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
     reference = next(iter(exp.arms))
-    for seed in exp.seeds:
-        for arm, arm_overrides in exp.arms.items():
+    known_before: dict[str, dict[str, Any]] = {}
+    # arm after arm, each over every seed: an arm's reference and gate-memory sources have run
+    # on every seed before it starts
+    for arm in exp.arms:
+        for seed in exp.seeds:
             run_dir = out / f"{arm}-s{seed}"
-            overrides = [
-                *exp.overrides,
-                *arm_overrides,
-                f"seed={seed}",
-                f"train.task_shuffle_seed={seed}",
-                f"name={arm}-s{seed}",
-            ]
-            log.info("experiment %s: arm %s, seed %d -> %s", exp.name, arm, seed, run_dir)
-            row = {"arm": arm, "seed": seed, **run_arm(base, overrides, run_dir, exp.keep_checkpoints)}
-            if arm != reference:  # the reference arm ran first for this seed
+            cfg = load_config(base, run_overrides(exp, out, arm, seed))
+            key = before_eval_key(cfg)
+            before = known_before.get(key) if exp.share_before_eval else None
+            log.info(
+                "experiment %s: arm %s, seed %d -> %s%s",
+                exp.name,
+                arm,
+                seed,
+                run_dir,
+                " (held-out 'before' known from an earlier arm)" if before else "",
+            )
+            row = {"arm": arm, "seed": seed, **run_arm(cfg, run_dir, exp.keep_checkpoints, before)}
+            known_before.setdefault(key, json.loads((run_dir / "report.json").read_text())["eval"]["before"])
+            if arm != reference:  # the reference arm ran first on this seed
                 row.update(paired_cut_precision(out / f"{reference}-s{seed}", run_dir))
             rows.append(row)
             run_dirs.append(run_dir)

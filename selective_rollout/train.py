@@ -114,7 +114,16 @@ def _dead(engines: list[Any], timeout_s: float = 60.0) -> set[int]:
 class Trainer:
     """Owns the actors of one run and the loop over iterations."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, ray_address: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        ray_address: str | None = None,
+        before_eval: dict[str, Any] | None = None,
+    ) -> None:
+        """``before_eval``: the held-out summary of this run's starting weights when it is already
+        known (the experiment runner passes an earlier arm's: same warm start, same tasks, and a
+        greedy evaluation that scores the same weights the same), so it is not played again."""
         from selective_rollout.models import resolve_model
         from selective_rollout.reporting.metrics_log import MetricLogger
         from selective_rollout.rollout.coordinator import create_coordinator
@@ -124,6 +133,7 @@ class Trainer:
         from selective_rollout.trainer import LearnerGroup
 
         self.cfg, self.run_dir = cfg, run_dir
+        self.before_eval = before_eval
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
         self.ckpt_dir = run_dir / "checkpoints"
@@ -330,12 +340,20 @@ class Trainer:
         return metrics
 
     def run(self) -> Path:
-        from selective_rollout.policy_eval import eval_metrics
+        from selective_rollout.policy_eval import eval_metrics, format_summary
         from selective_rollout.reporting.report import write_report
 
         self.resume()
         if "before" not in self.state["eval"]:
-            self.logger.log(eval_metrics(self.evaluate("before")), -1)
+            if self.before_eval is None:
+                before = self.evaluate("before")
+            else:
+                before = self.state["eval"]["before"] = self.before_eval
+                log.info(
+                    "held-out (before): %s (known for these weights, not played again)",
+                    format_summary(before),
+                )
+            self.logger.log(eval_metrics(before), -1)
         from tqdm import tqdm
 
         first = self.state["iteration"]

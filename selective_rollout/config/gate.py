@@ -9,9 +9,10 @@ checks the keys against the registry and validates them with the gate's own mode
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from selective_rollout.config.base import EntrySection
 from selective_rollout.gate.policies import GATES, Gate, GateParams, Mode, build_gate
@@ -38,6 +39,20 @@ class GateConfig(EntrySection):
     k: int = GateParams.model_fields["k"]
     mode: Mode = GateParams.model_fields["mode"]
     steps: list[int] = GateParams.model_fields["steps"]
+    observe_logs: list[str] = Field(
+        default_factory=list,
+        description="rollouts.jsonl files of earlier runs on the same tasks that the gate observes, in "
+        "order, before this run's first group: a gate with memory (history) starts knowing them, e.g. "
+        "a previous run of the same training; stateless gates ignore them",
+    )
+
+    @field_validator("observe_logs")
+    @classmethod
+    def _logs_exist(cls, paths: list[str]) -> list[str]:
+        missing = [p for p in paths if not Path(p).expanduser().is_file()]
+        if missing:
+            raise ValueError(f"no such rollouts log: {', '.join(missing)}")
+        return paths
 
     @model_validator(mode="after")
     def _builds(self) -> GateConfig:

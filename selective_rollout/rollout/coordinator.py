@@ -99,10 +99,11 @@ class GroupCoordinator:
         self.strategy = build_strategy(self.rc, seed=cfg.seed)
         self.gate = cfg.gate.build() if self.strategy.uses_gate else NoGate()
         self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
-        if self.writer is not None:
-            # a resumed run: the gate relearns what it had observed (the driver has already rewound
-            # the log to the checkpoint), so a gate with memory resumes where it stopped
-            for record in read_groups(self.writer.path):
+        # a gate with memory first learns the earlier runs it is given, then, in a resumed run,
+        # what it had observed in this one (the driver has already rewound the log to the
+        # checkpoint), so it resumes where it stopped
+        for path in [*cfg.gate.observe_logs, *([self.writer.path] if self.writer is not None else [])]:
+            for record in read_groups(Path(path).expanduser()):
                 self.gate.observe(record)
         self.audits = AuditBudget(self.rc.audit_budget, self.rc.audit_target_precision)
         self._group_seq = 0

@@ -24,6 +24,10 @@ def test_overrides_apply_over_yaml(tmp_path):
         (["engine.temperature=1e-45"], r"engine\.temperature: .*0 \(greedy\) or in \[0\.01, 100\.0\]"),
         (["env.preset=huge"], r"env\.preset: .*unknown preset 'huge'; expected one of \['full', 'medium'"),
         (["env.preset=tiny+"], r"env\.preset: .*unknown preset 'tiny\+'"),
+        (
+            ["gate.observe_logs=[/nowhere/rollouts.jsonl]"],
+            r"gate\.observe_logs: .*no such rollouts log: /nowhere",
+        ),
     ],
 )
 def test_bad_values_name_the_key(overrides, match):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,50 @@ def test_bad_experiment_files(tmp_path):
         load_experiment(bad)
 
 
+def test_gate_memory_names_earlier_arms_on_other_seeds(tmp_path):
+    from selective_rollout.experiment import run_overrides
+
+    good = tmp_path / "x.yaml"
+    good.write_text(
+        "base: cpu_default.yaml\narms: {ref: [], dapo: [], hist: [gate.name=history]}\n"
+        "seeds: [0, 1, 2]\ngate_memory: {hist: [ref, dapo]}\n"
+    )
+    (tmp_path / "cpu_default.yaml").write_text("name: x\n")
+    exp, _ = load_experiment(good)
+    got = run_overrides(exp, Path("out"), "hist", 1)
+    memory = [o for o in got if o.startswith("gate.observe_logs=")]
+    # seed 1 learns from seeds 0 and 2 of both arms, never from its own (paired) seed
+    assert memory == [
+        "gate.observe_logs=[out/ref-s0/rollouts.jsonl,out/ref-s2/rollouts.jsonl,"
+        "out/dapo-s0/rollouts.jsonl,out/dapo-s2/rollouts.jsonl]"
+    ]
+    assert got[-4:] == ["seed=1", "train.task_shuffle_seed=1", "name=hist-s1", "train.run_dir=out/hist-s1"]
+    assert not any(o.startswith("gate.observe_logs") for o in run_overrides(exp, Path("out"), "ref", 1))
+    for text, match in [
+        ("arms: {ref: [], hist: []}\nseeds: [0, 1]\ngate_memory: {hist: [nope]}", "not in arms"),
+        ("arms: {hist: [], ref: []}\nseeds: [0, 1]\ngate_memory: {hist: [ref]}", "must come before"),
+        ("arms: {ref: [], hist: []}\nseeds: [0]\ngate_memory: {hist: [ref]}", "at least 2 seeds"),
+    ]:
+        good.write_text("base: cpu_default.yaml\n" + text + "\n")
+        with pytest.raises(ConfigError, match=match):
+            load_experiment(good)
+
+
+def test_before_eval_key_ignores_what_acts_only_in_training():
+    from selective_rollout.config import load_config
+    from selective_rollout.experiment import before_eval_key
+
+    def key(*overrides: str) -> str:
+        return before_eval_key(load_config("configs/cpu_default.yaml", list(overrides)))
+
+    base = key("rollout.strategy=none")
+    # the A/B arms differ only in what the evaluation does not use: one 'before' serves them all
+    assert base == key("rollout.strategy=selective+dapo", "gate.name=history", "name=other")
+    assert base == key("rollout.refill=false", "rollout.audit_budget=0", "trainer.lr=1e-6")
+    # another seed, other held-out tasks or other weights are another evaluation
+    assert base != key("seed=1") and base != key("eval.num_tasks=4") and base != key("warm_start.epochs=3")
+
+
 def test_shipped_ab_config_loads():
     exp, base = load_experiment("configs/ab_cpu.yaml")
     assert list(exp.arms) == ["gate_off", "dapo", "gate_on", "selective_dapo", "gate_on_no_refill"]
@@ -159,7 +205,7 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
+def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
     """Two arms, one seed, one iteration each, over the real stack: CSV, MD with CIs, PNG, sweep."""
     from selective_rollout.experiment import run_experiment
 
@@ -187,8 +233,14 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path):
         "arms: {ungated: [rollout.strategy=none], gated: [rollout.strategy=selective]}\n"
         "seeds: [0]\nsweep: {k: [2], tau: '0.1,0.5'}\n"
     )
-    report = run_experiment(exp, tmp_path / "out")
+    with caplog.at_level(logging.INFO, logger="selective_rollout"):
+        report = run_experiment(exp, tmp_path / "out")
     out = tmp_path / "out"
+    # the gated arm starts from the ungated one's weights on its tasks: its 'before' is reused
+    played = [r.getMessage() for r in caplog.records if r.getMessage().startswith("held-out (before)")]
+    assert len(played) == 2 and "not played again" not in played[0] and "not played again" in played[1]
+    reports = [json.loads((out / f"{a}-s0" / "report.json").read_text()) for a in ("ungated", "gated")]
+    assert reports[0]["eval"]["before"] == reports[1]["eval"]["before"]
     with (out / "experiment.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["arm"], r["seed"]) for r in rows] == [("ungated", "0"), ("gated", "0")]

@@ -340,6 +340,18 @@ def test_history_gate_learns_from_finished_groups_and_cuts_a_repeat(tmp_path):
     assert set(resumed.c.gate.known) == {g.task_id for g in first.groups}
     third = resumed.run(["diverge_lose", "diverge_mixed"], iteration=2)
     assert [o for _, o in outcomes(third)] == [Outcome.CUT, Outcome.COMPLETED]
+    # a new run primed with that run's log (gate.observe_logs) cuts the repeat in its first
+    # iteration; the same new run without it has no history and lets the group run
+    primed = Coordinated([*overrides, *history, f"gate.observe_logs=[{tmp_path / 'rollouts.jsonl'}]"])
+    assert [o for _, o in outcomes(primed.run(["diverge_lose", "diverge_mixed"]))] == [
+        Outcome.CUT,
+        Outcome.COMPLETED,
+    ]
+    fresh = Coordinated([*overrides, *history])
+    assert [o for _, o in outcomes(fresh.run(["diverge_lose", "diverge_mixed"]))] == [
+        Outcome.COMPLETED,
+        Outcome.COMPLETED,
+    ]
     # the paper's gate, with no memory, lets the repeat run
     plain = Coordinated(overrides)
     plain.run(["diverge_lose", "diverge_mixed"])
