@@ -39,7 +39,8 @@ class GateDecision:
 @dataclass
 class GroupState:
     """What a gate may look at: the group's actions so far, which trajectories ended, the step,
-    and the task it plays (``task_id``, None where the runner does not know it).
+    and the task it plays (``task_id``, and its family ``task_type`` such as ALFWorld's
+    ``pick_and_place``; None where the runner does not know them).
 
     ``tracker`` (optional) supplies D_K incrementally; ``final_rewards`` exists only offline
     and is read by the oracle alone.
@@ -51,6 +52,7 @@ class GroupState:
     tracker: DivergenceTracker | None = None
     final_rewards: Sequence[float] | None = None
     task_id: str | None = None
+    task_type: str | None = None
     _distances: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

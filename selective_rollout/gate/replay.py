@@ -94,6 +94,7 @@ def _state_at(record: GroupRecord, step: int, with_rewards: bool) -> GroupState:
         ended=[len(t.steps) <= step for t in record.trajectories],
         final_rewards=[float(t.reward) for t in record.trajectories] if with_rewards else None,  # type: ignore[arg-type]
         task_id=record.task_id,
+        task_type=record.task_type or None,
     )
 
 

@@ -21,12 +21,19 @@ class GateWatch:
 
     ``describe`` adds every divergence feature at the decided step to the recorded decision (what
     ``rollouts.jsonl`` logs); without it the decision carries the gate's own features only, which
-    is all a cut needs. ``task_id`` reaches the gate in every ``GroupState`` (a history gate
-    looks the task's earlier groups up by it).
+    is all a cut needs. ``task_id`` and ``task_type`` reach the gate in every ``GroupState`` (a
+    history gate looks the task's, and its type's, earlier groups up by them).
     """
 
-    def __init__(self, gate: Gate, g: int, describe: bool = False, task_id: str | None = None) -> None:
-        self.gate, self.g, self.task_id = gate, g, task_id
+    def __init__(
+        self,
+        gate: Gate,
+        g: int,
+        describe: bool = False,
+        task_id: str | None = None,
+        task_type: str | None = None,
+    ) -> None:
+        self.gate, self.g, self.task_id, self.task_type = gate, g, task_id, task_type
         self.actions: list[list[str]] = [[] for _ in range(g)]
         self.ended = [False] * g
         # one trajectory has no pairs: nothing to track and nothing to ask
@@ -76,7 +83,12 @@ class GateWatch:
             if not self.gate.should_check(step):
                 continue
             state = GroupState(
-                self.actions, step=step, ended=list(self.ended), tracker=self.tracker, task_id=self.task_id
+                self.actions,
+                step=step,
+                ended=list(self.ended),
+                tracker=self.tracker,
+                task_id=self.task_id,
+                task_type=self.task_type,
             )
             verdict = self.gate.decide(state)
             features = dict(verdict.features)

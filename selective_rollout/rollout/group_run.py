@@ -74,7 +74,7 @@ class GroupRun:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self._audits = audits  # asked, when the gate fires, whether to run on in shadow
         self.audit = False
-        self.watch = GateWatch(gate, g, describe=True, task_id=task_id)
+        self.watch = GateWatch(gate, g, describe=True, task_id=task_id, task_type=task_type)
         self.trajectories: list[TrajectoryRun] = []
         self.stopped = False  # the gate fired and the group is not audited: cancel it
         self.failure: str | None = None

@@ -10,14 +10,19 @@ TOKENS = 100  # step-tokens per step (90 prompt + 10 completion)
 
 
 def group(
-    task: str, actions: list[list[str]], rewards: list[float], gid: str | None = None, iteration: int = 0
+    task: str,
+    actions: list[list[str]],
+    rewards: list[float],
+    gid: str | None = None,
+    iteration: int = 0,
+    task_type: str = "pick",
 ) -> GroupRecord:
     trajectories = [
         Trajectory(i, [Step(a, True, 90, 10) for a in acts], reward=float(r), won=r > 0)
         for i, (acts, r) in enumerate(zip(actions, rewards, strict=True))
     ]
     return GroupRecord(
-        gid or f"g-{task}-{random.random():.9f}", task, "pick", trajectories, iteration=iteration
+        gid or f"g-{task}-{random.random():.9f}", task, task_type, trajectories, iteration=iteration
     )
 
 
@@ -59,4 +64,23 @@ def mixed_log(seed: int = 0, tasks: int = 30, reps: int = 2, g: int = 8) -> list
                 )
                 rewards.append(float(rng.random() < p))
             out.append(group(f"task{t}", acts, rewards, gid=f"it{rep}-g{t}", iteration=rep))
+    return out
+
+
+def typed_log(seed: int = 0, groups: int = 60, g: int = 8) -> list[GroupRecord]:
+    """A log in which no task comes back but task types behave alike: the policy has mastered
+    ``pick`` (always won, converged early), is lost at ``cool`` (always failed, scattered) and
+    wins ``clean`` half of the time (converged early as often as the others, so D_K alone cannot
+    tell its groups from the mastered ones)."""
+    rng = random.Random(seed)
+    out = []
+    for n in range(groups):
+        kind = rng.choice(["pick", "cool", "clean"])
+        shared = rng.choice([2, 3, 4]) if kind != "cool" else rng.choice([0, 1, 2])
+        acts = [[f"a{s}" if s < shared else f"t{i}-{s}" for s in range(10)] for i in range(g)]
+        p = {"pick": 1.0, "cool": 0.0, "clean": 0.5}[kind]
+        rewards = [float(rng.random() < p) for _ in range(g)]
+        if kind == "clean":
+            rewards[0], rewards[1] = 1.0, 0.0  # always mixed
+        out.append(group(f"{kind}-{n}", acts, rewards, gid=f"g{n}", iteration=n // 10, task_type=kind))
     return out

@@ -89,15 +89,15 @@ def test_a_single_trajectory_is_never_asked_and_an_ended_one_takes_no_action() -
         watch.act(0, "go")
 
 
-def test_the_task_id_reaches_the_gate() -> None:
+def test_the_task_id_and_type_reach_the_gate() -> None:
     seen = []
 
     class TaskGate(PrefixEditGate):
         def decide(self, group: GroupState) -> GateDecision:
-            seen.append(group.task_id)
+            seen.append((group.task_id, group.task_type))
             return super().decide(group)
 
-    watch = GateWatch(TaskGate(k=1, tau=0.0), g=2, task_id="kitchen-7")
+    watch = GateWatch(TaskGate(k=1, tau=0.0), g=2, task_id="kitchen-7", task_type="cool")
     watch.act(0, "look")
     watch.act(1, "look")
-    assert seen == ["kitchen-7"]
+    assert seen == [("kitchen-7", "cool")]

@@ -303,6 +303,22 @@ def test_audit_runs_cut_groups_in_shadow_and_measures_precision(tmp_path):
     assert [g.outcome for g in logged] == [Outcome.AUDITED, Outcome.AUDITED, Outcome.COMPLETED]
 
 
+def test_history_gate_cuts_a_new_task_of_a_type_that_converged(tmp_path):
+    """The type prior through the coordinator: three tasks of one type ran to the end all-fail, so
+    a fourth, never-seen task of that type is cut at K; with the type prior off it runs on."""
+    overrides = ["rollout.strategy=selective", "rollout.groups_per_iteration=3", "rollout.refill=false"]
+    history = ["gate.name=history", "gate.tau=0.0", "gate.tau_after_type_zero=0.5"]
+    new_task = Task("converge_lose", "task-9-converge_lose", "pick_and_place_simple")
+    verdicts = {}
+    for window in (8, 0):
+        co = Coordinated([*overrides, *history, f"gate.type_window={window}"])
+        first = co.run(["converge_lose"] * 3)
+        assert [o for _, o in outcomes(first)] == [Outcome.COMPLETED] * 3
+        (verdicts[window],) = asyncio.run(co.c.rollout([new_task], 1)).groups
+    assert verdicts[8].outcome is Outcome.CUT and verdicts[0].outcome is Outcome.COMPLETED
+    assert "of pick_and_place_simple groups zero-variance" in verdicts[8].gate.reason
+
+
 def test_preskip_skips_tasks_seen_zero_variance():
     co = Coordinated(
         ["rollout.strategy=preskip", "rollout.groups_per_iteration=1", "rollout.preskip_explore=0"]
