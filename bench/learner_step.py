@@ -1,5 +1,6 @@
-"""Learner throughput on SmolLM2-135M: ZeRO-0 x1 vs ZeRO-2 x2, LoRA vs full, packed vs per-step
-forwards, and weight-sync seconds per method (gloo process group vs Ray object store).
+"""Learner throughput on SmolLM2-135M: ZeRO-0 x1 vs ZeRO-2 x2, LoRA vs full, fp32 vs bf16-mixed
+(autocast), packed vs per-step forwards, and weight-sync seconds per method (gloo process group vs
+Ray object store).
 
 Each learner configuration runs one warm-up step and then ``--steps`` measured steps on the same
 synthetic multi-turn batch (random token ids shaped like ALFWorld dialogues). Prints one JSON
@@ -125,7 +126,7 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="CPU threads of the single-learner runs")
     parser.add_argument("--engines", type=int, default=1)
     parser.add_argument("--micro-batch-tokens", type=int, default=512)
-    parser.add_argument("--only", nargs="*", default=["zero", "lora", "packing", "sync"])
+    parser.add_argument("--only", nargs="*", default=["zero", "precision", "lora", "packing", "sync"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -148,6 +149,14 @@ def main() -> None:
             section("zero0_x1", learner_tokens_per_s, full, model, batch, args.steps, args.cpus)
             zero2 = full.model_copy(update={"zero_stage": 2, "num_learners": 2})
             section("zero2_x2", learner_tokens_per_s, zero2, model, batch, args.steps, max(1, args.cpus // 2))
+        if "precision" in args.only:  # the same learner, fp32 then bf16-mixed, back to back
+            section("fp32_x1", learner_tokens_per_s, full, model, batch, args.steps, args.cpus)
+            mixed = full.model_copy(update={"precision": "bf16-mixed"})
+            section("bf16_mixed_x1", learner_tokens_per_s, mixed, model, batch, args.steps, args.cpus)
+            if "tokens_per_s" in result["fp32_x1"] and "tokens_per_s" in result["bf16_mixed_x1"]:
+                ratio = result["bf16_mixed_x1"]["tokens_per_s"] / result["fp32_x1"]["tokens_per_s"]
+                result["bf16_mixed_over_fp32"] = ratio
+                print(json.dumps({"bf16_mixed_over_fp32": ratio}), flush=True)
         if "lora" in args.only:
             lora = full.model_copy(update={"lora": LoraConfig(enabled=True, rank=16)})
             section("lora_zero0_x1", learner_tokens_per_s, lora, model, batch, args.steps, args.cpus)

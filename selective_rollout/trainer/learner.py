@@ -44,8 +44,15 @@ def _skip_shm_comm_build() -> None:
 
 
 def owns_clipping(cfg: TrainerConfig) -> bool:
-    """fp32 ZeRO-0 clips without recording the norm, so the learner clips there itself (and logs it)."""
-    return cfg.zero_stage == 0 and cfg.precision == "fp32"
+    """fp32 ZeRO-0 clips without recording the norm, so the learner clips there itself (and logs it).
+    Under ``bf16-mixed`` DeepSpeed holds fp32 weights too."""
+    return cfg.zero_stage == 0 and cfg.precision != "bf16"
+
+
+def autocast(cfg: TrainerConfig, device: torch.device) -> torch.autocast:
+    """The forward's precision context: bf16 matmuls over fp32 weights under ``bf16-mixed``
+    (log-probs are still taken in fp32, trainer/modeling.py), a no-op otherwise."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16-mixed")
 
 
 def deepspeed_config(cfg: TrainerConfig, world_size: int, cpu: bool = False) -> dict[str, Any]:
@@ -196,9 +203,10 @@ class LearnerWorker:
                 mb = collate([shard[i] for i in indices], [advantages[i] for i in indices])
             else:
                 mb = empty_micro_batch()
-            loss, stats = micro_batch_loss(
-                self.engine, mb.to(self.device), self.cfg, denominator, self._ref_logprobs
-            )
+            with autocast(self.cfg, self.device):
+                loss, stats = micro_batch_loss(
+                    self.engine, mb.to(self.device), self.cfg, denominator, self._ref_logprobs
+                )
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -213,7 +221,7 @@ class LearnerWorker:
         """Current-policy log-prob of every token after the first, one sequence at a time."""
         self.engine.eval()
         out = []
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.cfg, self.device):
             for ids in token_ids:
                 x = torch.tensor([ids], dtype=torch.long, device=self.device)
                 out.append(token_logprobs(self.module, x, torch.ones_like(x))[0][0].float().tolist())

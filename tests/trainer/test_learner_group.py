@@ -1,5 +1,7 @@
 """LearnerGroup on real DeepSpeed learner actors (CPU, gloo) over a tiny Llama."""
 
+import math
+
 import pytest
 import ray
 
@@ -54,6 +56,30 @@ def test_zero_advantage_sequences_cost_nothing_and_change_nothing(ray_cluster, t
         assert group.weights_checksum() != start
     finally:
         group.shutdown()
+
+
+def test_bf16_mixed_runs_the_forward_in_bf16_over_fp32_weights(ray_cluster, tiny_model_dir):
+    """precision=bf16-mixed: the same weights score within bf16 rounding of fp32, but not
+    identically (the forward ran under autocast); a step trains with a finite, logged grad norm
+    and the weights stay fp32 (the checksum moves by less than a bf16 cast would)."""
+    fp32 = LearnerGroup(TrainerConfig(lr=1e-3, micro_batch_tokens=64), tiny_model_dir, seed=1)
+    mixed = LearnerGroup(
+        TrainerConfig(lr=1e-3, micro_batch_tokens=64, precision="bf16-mixed"), tiny_model_dir, seed=1
+    )
+    try:
+        probe = [e.token_ids for e in make_batch(9, {"p": [0.0, 1.0]})]
+        exact, rounded = fp32.logprobs(probe), mixed.logprobs(probe)
+        assert fp32.weights_checksum() == mixed.weights_checksum()
+        for x, y in zip(exact, rounded, strict=True):
+            assert y == pytest.approx(x, abs=0.1) and y != pytest.approx(x, abs=1e-6)
+        start = mixed.weights_checksum()
+        m = mixed.train_step(batches(1)[0])
+        assert m["train/grad_norm"] > 0 and math.isfinite(m["train/loss"])
+        assert mixed.weights_checksum() != start
+        assert mixed.weights_checksum() != mixed.weights_checksum(dtype="bfloat16")  # still fp32
+    finally:
+        fp32.shutdown()
+        mixed.shutdown()
 
 
 def test_tensor_parallel_engines_get_one_rank_per_worker(ray_cluster, tiny_model_dir):
