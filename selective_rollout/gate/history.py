@@ -80,9 +80,9 @@ class HistoryParams(GateParams):
     type_window: int = Field(
         8, ge=0, description="known groups per task type kept as the type's prior (0: no type prior)"
     )
-    type_min_known: int = Field(3, ge=1, description="known groups a task type needs before its prior counts")
+    type_min_known: int = Field(5, ge=1, description="known groups a task type needs before its prior counts")
     type_zero_share: float = Field(
-        0.9,
+        0.85,
         ge=0.0,
         le=1.0,
         description="a task of a type whose known groups were zero-variance at least this often ...",

@@ -16,7 +16,14 @@ def _state(task: str | None = "t", task_type: str | None = "pick") -> GroupState
 
 
 def _gate(**kw):
-    return build_gate("history", k=3, **{"tau": 0.1, "tau_after_zero": 0.5, "margin": -1.0, **kw})
+    defaults = {
+        "tau": 0.1,
+        "tau_after_zero": 0.5,
+        "margin": -1.0,
+        "type_min_known": 3,
+        "type_zero_share": 0.9,
+    }
+    return build_gate("history", k=3, **{**defaults, **kw})
 
 
 def test_the_same_group_is_cut_after_a_zero_variance_group_of_its_task_only() -> None:

@@ -307,7 +307,7 @@ def test_history_gate_cuts_a_new_task_of_a_type_that_converged(tmp_path):
     """The type prior through the coordinator: three tasks of one type ran to the end all-fail, so
     a fourth, never-seen task of that type is cut at K; with the type prior off it runs on."""
     overrides = ["rollout.strategy=selective", "rollout.groups_per_iteration=3", "rollout.refill=false"]
-    history = ["gate.name=history", "gate.tau=0.0", "gate.tau_after_type_zero=0.5"]
+    history = ["gate.name=history", "gate.tau=0.0", "gate.tau_after_type_zero=0.5", "gate.type_min_known=3"]
     new_task = Task("converge_lose", "task-9-converge_lose", "pick_and_place_simple")
     verdicts = {}
     for window in (8, 0):
