@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from selective_rollout.gate.policies import Gate, GateDecision, GateParams, GroupState, register_gate
 from selective_rollout.gate.replay import best_params, whole_distance
@@ -99,6 +99,15 @@ class HistoryParams(GateParams):
         description="every n-th stop that only the history made (per task type) runs on instead, so "
         "the history keeps learning whether the policy still behaves as it did (0: never)",
     )
+
+    @model_validator(mode="after")
+    def _window_holds_enough(self) -> HistoryParams:
+        if self.type_window and self.type_min_known > self.type_window:
+            raise ValueError(
+                f"type_min_known={self.type_min_known} > type_window={self.type_window}: "
+                "the type prior could never count"
+            )
+        return self
 
 
 @register_gate("history")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from selective_rollout.gate import GroupState, build_gate
 from selective_rollout.gate.replay import Calibration, as_recorded, replay, summarize
 from selective_rollout.records import GateRecord
@@ -146,3 +148,9 @@ def test_every_nth_stop_only_the_history_made_runs_on_and_plain_stops_never_do()
     for n in range(3):
         never.observe(divergent(f"other-{n}", [0] * 4))
     assert all(never.decide(_state(task=f"new-{n}")).stop for n in range(6))
+
+
+def test_a_type_window_too_small_for_its_minimum_is_refused() -> None:
+    with pytest.raises(ValueError, match="type prior could never count"):
+        build_gate("history", k=3, type_window=4, type_min_known=5)
+    build_gate("history", k=3, type_window=0, type_min_known=5)  # the prior off: nothing to check
