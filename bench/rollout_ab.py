@@ -50,6 +50,9 @@ def run_arm(cfg, engines, model_path, tasks, label: str, run_dir: Path | None = 
     coordinator = create_coordinator(cfg, engines, model_path, run_dir)
     try:
         env0 = ray.get(coordinator.env_metrics.remote())  # env workers up before the clock starts
+        # every arm starts from a cold cache: the same tasks' prompts, cached by an earlier arm
+        # (vLLM's prefix cache outlives a group's sessions), would otherwise favour the later arm
+        ray.get([e.reset_cache.remote() for e in engines])
         engine0 = ray.get([e.health.remote() for e in engines])
         start = time.perf_counter()
         batch = ray.get(coordinator.rollout.remote(tasks, 0))

@@ -62,6 +62,9 @@ class CannedEngine(RolloutEngine):
     async def release(self, session_ids: list[str]) -> None:
         """Nothing is cached."""
 
+    async def reset_cache(self) -> None:
+        """Nothing is cached."""
+
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         raise NotImplementedError("the canned engine has no weights")
 

@@ -94,6 +94,16 @@ def test_group_siblings_share_the_prompt_prefill(hf_engine, smollm2_tokenizer):
     assert "grp-t0" not in hf_engine._store._entries
 
 
+def test_reset_cache_makes_the_next_request_prefill_its_whole_prompt(hf_engine, smollm2_tokenizer):
+    p = prompt_ids(smollm2_tokenizer, "A prompt a benchmark arm plays twice.")
+    sp = SamplingParams(max_tokens=3, seed=4)
+    run(hf_engine.generate("r-0", p, sp, session_id="arm-a"))
+    assert run(hf_engine.generate("r-1", p, sp, session_id="arm-b")).cached_prompt_tokens == len(p) - 1
+    run(hf_engine.reset_cache())
+    assert run(hf_engine.generate("r-2", p, sp, session_id="arm-c")).cached_prompt_tokens == 0
+    run(hf_engine.release(["arm-a", "arm-b", "arm-c"]))
+
+
 def test_constrained_choice_emits_one_choice_and_unconstrained_logprobs(hf_engine):
     choices = ["go to cabinet 1", "go to cabinet 10", "open fridge 1", "look"]
     ids = hf_engine._prompt_ids("x", MSGS)

@@ -89,6 +89,22 @@ def test_choice_is_exact_and_logprobs_are_unconstrained(engine, smollm2_path, sm
         torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=0.05, rtol=0)
 
 
+def test_prefix_cache_hits_and_reset_cache_forgets(engine):
+    """A repeated prompt is served by the prefix cache and counted as not prefilled; after
+    ``reset_cache`` it is prefilled in full (how the rollout benchmark starts each arm cold)."""
+    msgs = [{"role": "user", "content": "A long shared prompt. " * 40}]
+    sp = SamplingParams(max_tokens=4, seed=3)
+    first = call(engine.generate.remote("pc-0", msgs, sp))
+    before = call(engine.health.remote())["prefilled_tokens"]
+    again = call(engine.generate.remote("pc-1", msgs, sp))
+    assert again.cached_prompt_tokens > 0
+    prefilled = call(engine.health.remote())["prefilled_tokens"] - before
+    assert prefilled == again.prompt_tokens - again.cached_prompt_tokens
+    call(engine.reset_cache.remote())
+    cold = call(engine.generate.remote("pc-2", msgs, sp))
+    assert cold.cached_prompt_tokens == 0 and first.prompt_tokens == cold.prompt_tokens
+
+
 def test_load_weights_changes_outputs(engine, smollm2_path):
     from safetensors.torch import load_file
 

@@ -175,6 +175,11 @@ class RolloutEngine(ABC):
         """Drop the cached KV of trajectories that finished or were cut."""
 
     @abstractmethod
+    async def reset_cache(self) -> None:
+        """Forget every cached prompt (session KV, prefix cache), so that what runs next pays its
+        full prefill, as a cold server would: a benchmark's arms each start alike."""
+
+    @abstractmethod
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         """Join the learner's weight-sync group (``weight_sync.collective``) at ``rank``: the first
         of ``sync_workers()`` consecutive ranks, one per worker process."""

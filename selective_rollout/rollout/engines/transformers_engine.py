@@ -382,6 +382,10 @@ class TransformersEngine(RolloutEngine):
         async with self._model_lock():
             self._store.drop(session_ids)
 
+    async def reset_cache(self) -> None:
+        async with self._model_lock():
+            self._store.clear()
+
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         await asyncio.to_thread(self._weights.join, host, port, rank, world_size, backend)
 

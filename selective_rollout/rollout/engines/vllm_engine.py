@@ -78,7 +78,15 @@ class VLLMEngine(RolloutEngine):
         self._running: set[str] = set()
         self._started = time.monotonic()
         self._busy = BusyClock()
-        self._stats = {"generated_tokens": 0, "prompt_tokens": 0, "cached_tokens": 0, "requests": 0}
+        # prefilled_tokens: prompt tokens run through the model, i.e. not served by the prefix cache,
+        # plus every re-scoring pass (a whole prefill each)
+        self._stats = {
+            "generated_tokens": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "prefilled_tokens": 0,
+            "requests": 0,
+        }
 
     def _vllm_params(self, sp: SamplingParams, **overrides: Any) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
@@ -151,6 +159,7 @@ class VLLMEngine(RolloutEngine):
         self._stats["requests"] += 1
         self._stats["prompt_tokens"] += len(ids)
         self._stats["cached_tokens"] += cached
+        self._stats["prefilled_tokens"] += len(ids) - cached
         self._stats["generated_tokens"] += sum(len(o.token_ids) for o in outputs)
         return Completion(request_id, len(ids), cached, outputs)
 
@@ -163,6 +172,7 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+        self._stats["prefilled_tokens"] += len(prompt) + len(completion)
         final = None
         async for out in self.engine.generate(
             TokensPrompt(prompt_token_ids=prompt + completion), params, f"{request_id}-rescore{index}"
@@ -179,6 +189,9 @@ class VLLMEngine(RolloutEngine):
 
     async def release(self, session_ids: list[str]) -> None:
         """Nothing to do: vLLM's prefix cache is shared and evicts least-recently-used blocks."""
+
+    async def reset_cache(self) -> None:
+        await self.engine.reset_prefix_cache()
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         if rank == 0:
