@@ -52,6 +52,9 @@ METRICS = {
     "success_gain": "held-out change (after - before, paired per task)",
     "success_gain_ci_low": "held-out change: 95% CI low (over tasks)",
 }
+# Metrics that are themselves signed changes: a difference of them relative to the reference's
+# value divides by a change that may be near zero or negative (+0.125 over -0.083 read "-150%").
+NO_RELATIVE = {"success_gain", "success_gain_ci_low"}
 
 
 class SweepSpec(BaseModel):
@@ -239,7 +242,8 @@ def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: i
                 continue
             lo, hi = bootstrap_ci(diffs, resamples)
             base = [by[(ref, s)][key] for s in seeds if by[(ref, s)].get(key)]
-            rel = float(np.mean(diffs) / np.mean(base)) if base and np.mean(base) else None
+            relative = base and np.mean(base) and key not in NO_RELATIVE
+            rel = float(np.mean(diffs) / np.mean(base)) if relative else None
             out.append(
                 {
                     "arm": arm,

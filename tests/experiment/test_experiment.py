@@ -62,6 +62,18 @@ def test_paired_differences_are_per_seed():
     assert "audit_precision" not in diffs  # undefined for the reference arm: no difference reported
 
 
+def test_a_change_metric_has_no_relative_difference():
+    # the reference's held-out change is itself signed: +0.125 over -0.083 would read "-150%"
+    rows = [
+        {"arm": "off", "seed": 0, "success_gain": 0.0833, "success_gain_ci_low": -0.0833, "wall_s": 100.0},
+        {"arm": "on", "seed": 0, "success_gain": 0.1667, "success_gain_ci_low": 0.0417, "wall_s": 90.0},
+    ]
+    diffs = {d["metric"]: d for d in paired_differences(rows, ["off", "on"], 100)}
+    assert diffs["success_gain_ci_low"]["mean_diff"] == pytest.approx(0.125)
+    assert diffs["success_gain"]["rel"] is None and diffs["success_gain_ci_low"]["rel"] is None
+    assert diffs["wall_s"]["rel"] == pytest.approx(-0.1)
+
+
 def test_outputs_are_written(tmp_path):
     exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1, 2])
     write_outputs(tmp_path, exp, _rows())
