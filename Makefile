@@ -52,7 +52,7 @@ bench-ab: install
 # .venv-vllm), both with vLLM's prefix cache (docs/engines.md).
 bench-ab-vllm:
 	bash tests/vllm/venv.sh
-	.venv-vllm/bin/python bench/rollout_ab.py --skip gate,dapo engine.backend=vllm engine.max_model_len=4096 $(ARGS)
+	.venv-vllm/bin/python bench/rollout_ab.py --skip gate,dapo engine.backend=vllm engine.max_model_len=4096 engine.gpu_memory_utilization=0.15 $(ARGS)
 
 # The cluster path on one GPU, PASS/FAIL/SKIP per step (runs with only torch + transformers; no venv).
 gpu-smoke:

