@@ -45,6 +45,12 @@ class VLLMParams(BackendParams):
     max_model_len: int | None = Field(None, ge=64, description="context length; None = the model's")
     enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decode)")
     enable_prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache")
+    rescore_choices: bool = Field(
+        True,
+        description="re-score constrained replies for the model's unconstrained log-probs: one whole "
+        "prefill each (vLLM bypasses its prefix cache for it); off, a constrained reply's log-probs "
+        "are the masked distribution's, which only trainer.old_logprobs: engine would train on",
+    )
 
 
 class VLLMEngine(RolloutEngine):
@@ -167,7 +173,7 @@ class VLLMEngine(RolloutEngine):
             token_ids = list(o.token_ids)
             logprobs = [lp[t].logprob for lp, t in zip(o.logprobs or [], token_ids, strict=False)]
             reason = "abort" if aborted or o.finish_reason == "abort" else o.finish_reason
-            if sampling.choices and reason == "stop":
+            if sampling.choices and reason == "stop" and self.params.rescore_choices:
                 logprobs = await self._rescore(request_id, index, ids, token_ids)
             outputs.append(CompletionOutput(index, token_ids, logprobs, o.text, _finish(reason)))
         self._stats["requests"] += 1
