@@ -151,31 +151,33 @@ class VLLMEngine(RolloutEngine):
         latest: dict[int, Any] = {}
         cached = 0
         self._running.add(request_id)
-        self._busy.enter()
+        self._busy.enter()  # until the re-scoring passes are done too: they are engine work
         try:
-            async for out in self.engine.generate(
-                TokensPrompt(prompt_token_ids=ids), self._vllm_params(sampling), request_id
-            ):
-                cached = max(cached, int(getattr(out, "num_cached_tokens", 0) or 0))
-                for o in out.outputs:  # with n > 1, outputs arrive per index: collect by index
-                    latest[o.index] = o
+            try:
+                async for out in self.engine.generate(
+                    TokensPrompt(prompt_token_ids=ids), self._vllm_params(sampling), request_id
+                ):
+                    cached = max(cached, int(getattr(out, "num_cached_tokens", 0) or 0))
+                    for o in out.outputs:  # with n > 1, outputs arrive per index: collect by index
+                        latest[o.index] = o
+            finally:
+                self._running.discard(request_id)
+            aborted = request_id in self._aborted
+            self._aborted.discard(request_id)
+            outputs = []
+            for index in range(sampling.n):
+                o = latest.get(index)
+                if o is None:
+                    outputs.append(CompletionOutput(index, [], [], "", "abort"))
+                    continue
+                token_ids = list(o.token_ids)
+                logprobs = [lp[t].logprob for lp, t in zip(o.logprobs or [], token_ids, strict=False)]
+                reason = "abort" if aborted or o.finish_reason == "abort" else o.finish_reason
+                if sampling.choices and reason == "stop" and self.params.rescore_choices:
+                    logprobs = await self._rescore(request_id, index, ids, token_ids)
+                outputs.append(CompletionOutput(index, token_ids, logprobs, o.text, _finish(reason)))
         finally:
-            self._running.discard(request_id)
             self._busy.leave()
-        aborted = request_id in self._aborted
-        self._aborted.discard(request_id)
-        outputs = []
-        for index in range(sampling.n):
-            o = latest.get(index)
-            if o is None:
-                outputs.append(CompletionOutput(index, [], [], "", "abort"))
-                continue
-            token_ids = list(o.token_ids)
-            logprobs = [lp[t].logprob for lp, t in zip(o.logprobs or [], token_ids, strict=False)]
-            reason = "abort" if aborted or o.finish_reason == "abort" else o.finish_reason
-            if sampling.choices and reason == "stop" and self.params.rescore_choices:
-                logprobs = await self._rescore(request_id, index, ids, token_ids)
-            outputs.append(CompletionOutput(index, token_ids, logprobs, o.text, _finish(reason)))
         self._stats["requests"] += 1
         self._stats["prompt_tokens"] += len(ids)
         self._stats["cached_tokens"] += cached
