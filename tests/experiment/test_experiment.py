@@ -197,6 +197,35 @@ def test_shipped_ab_config_loads():
     assert base.name == "cpu_default.yaml"
 
 
+SHIPPED_EXPERIMENTS = sorted(str(p) for p in Path("configs").glob("*.yaml") if "arms:" in p.read_text())
+
+
+@pytest.mark.parametrize("path", SHIPPED_EXPERIMENTS)
+def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path, tmp_path):
+    """An arm whose overrides do not validate would fail an hour into `make experiment-*`."""
+    from selective_rollout.config import load_config
+    from selective_rollout.experiment import run_overrides
+
+    exp, base = load_experiment(path)
+    for arm in exp.arms:  # a gate memory's logs must exist to validate: stand-ins
+        for src in exp.gate_memory.get(arm, []):
+            for seed in exp.seeds:
+                (tmp_path / f"{src}-s{seed}").mkdir(exist_ok=True)
+                (tmp_path / f"{src}-s{seed}" / "rollouts.jsonl").touch()
+    for arm in exp.arms:
+        cfg = load_config(base, run_overrides(exp, tmp_path, arm, exp.seeds[0]))
+        assert cfg.name == f"{arm}-s{exp.seeds[0]}"
+        if exp.gate_memory.get(arm):
+            assert cfg.gate.observe_logs and all(f"-s{exp.seeds[0]}" not in p for p in cfg.gate.observe_logs)
+
+
+def test_the_gates_experiment_runs_history_with_memory_of_the_other_seed():
+    exp, _ = load_experiment("configs/ab_gates_cpu.yaml")
+    assert list(exp.arms) == ["gate_off", "prefix_edit", "history"]
+    assert "gate.name=history" in exp.arms["history"]
+    assert exp.gate_memory == {"history": ["gate_off", "prefix_edit"]}
+
+
 def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
     from selective_rollout.config import dump_config, load_config
     from selective_rollout.experiment import finished_run
