@@ -71,7 +71,7 @@ experiment-ab: install
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
-# The gates online: gate off, the paper's prefix_edit, history (3 arms x 2 seeds, 3 iterations each).
+# The gates online: gate off, the paper's prefix_edit, history (3 arms x 2 seeds, 3 iterations each; 74 min on 2 cores).
 experiment-gates: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_gates_cpu.yaml
 
