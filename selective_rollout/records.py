@@ -49,7 +49,9 @@ class Outcome(str, Enum):
 
     COMPLETED = "completed"  # ran to the end, kept for training
     CUT = "cut"  # stopped by the gate mid-trajectory, never trained on
-    AUDITED = "audited"  # stopped by the gate but run on in shadow to measure precision
+    # stopped by the gate but run on in shadow to measure precision; trained on when it turns out
+    # informative (its tokens are spent either way, and an informative group is what the batch wants)
+    AUDITED = "audited"
     FILTERED = "filtered"  # ran to the end, dropped afterwards (e.g. DAPO zero variance)
     SKIPPED = "skipped"  # never started (pre-rollout skipping)
     FAILED = "failed"  # an engine or env worker died under it
@@ -148,6 +150,14 @@ class GroupRecord:
     @property
     def step_tokens(self) -> int:
         return sum(sum(t.step_tokens) for t in self.trajectories)
+
+    @property
+    def trained_on(self) -> bool:
+        """Whether the group reached the learner: kept whole, or audited and informative (a false
+        stop that the audit ran to the end is an informative group like any other)."""
+        if self.outcome is Outcome.AUDITED:
+            return self.zero_variance is False
+        return self.outcome is Outcome.COMPLETED
 
     def tokens_after(self, step: int) -> int:
         """Step-tokens the group spent after its first ``step`` steps (what a cut there saves)."""

@@ -26,6 +26,7 @@ from selective_rollout.gate.policies import (
     register_gate,
 )
 from selective_rollout.gate.precision_target import PrecisionTargetGate
+from selective_rollout.gate.stalled import StalledGate
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.gate.watch import GateWatch
 
@@ -44,6 +45,7 @@ __all__ = [
     "OracleGate",
     "PrecisionTargetGate",
     "PrefixEditGate",
+    "StalledGate",
     "TwoAxisGate",
     "build_gate",
     "divergence_features",

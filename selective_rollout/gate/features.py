@@ -38,6 +38,15 @@ def normalised_entropy(items: Sequence[object]) -> float:
     return h / math.log(n)
 
 
+def termination_frac(
+    action_seqs: Sequence[Sequence[str]], k: int, ended: Sequence[bool] | None = None
+) -> float:
+    """The share of trajectories that ended within their first ``k`` steps (``ended`` as in
+    :func:`prefix_edit_distance`: by default, as in logs of whole groups, a shorter one has)."""
+    ends = [True] * len(action_seqs) if ended is None else ended
+    return sum(1 for a, e in zip(action_seqs, ends, strict=True) if e and len(a) <= k) / len(action_seqs)
+
+
 def divergence_features(
     action_seqs: Sequence[Sequence[str]],
     k: int,
@@ -59,7 +68,7 @@ def divergence_features(
         "unique_prefix_ratio": len({tuple(p) for p in prefixes}) / g,
         "unique_action_ratio": len(set(at_k)) / g,
         "bigram_jaccard_distance": bigram_jaccard_distance(prefixes),
-        "termination_frac": sum(1 for a, e in zip(action_seqs, ends, strict=True) if e and len(a) <= k) / g,
+        "termination_frac": termination_frac(action_seqs, k, ends),
         "action_entropy": normalised_entropy(at_k),
     }
     if observations is not None:
@@ -67,4 +76,4 @@ def divergence_features(
     return features
 
 
-__all__ = ["END", "bigram_jaccard_distance", "divergence_features", "normalised_entropy"]
+__all__ = ["END", "bigram_jaccard_distance", "divergence_features", "normalised_entropy", "termination_frac"]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.fields import FieldInfo
 
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
-from selective_rollout.gate.features import divergence_features
+from selective_rollout.gate.features import divergence_features, termination_frac
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.records import GroupRecord, rewards_equal
 from selective_rollout.registry import registrar
@@ -260,9 +260,7 @@ class TwoAxisGate(Gate):
     def decide(self, group: GroupState) -> GateDecision:
         d_low, t_high = self.params.d_low, self.params.t_high
         d = group.distance(group.step)
-        ended = [True] * len(group.actions) if group.ended is None else list(group.ended)
-        term = sum(1 for a, e in zip(group.actions, ended, strict=True) if e and len(a) <= group.step)
-        term_frac = term / len(group.actions)
+        term_frac = termination_frac(group.actions, group.step, group.ended)
         features = {"prefix_edit_distance": d, "termination_frac": term_frac}
         if d < d_low:
             return GateDecision(True, f"D_{group.step}={d:.3f} < d_low={d_low}", features)

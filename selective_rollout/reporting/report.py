@@ -60,7 +60,7 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
     labelled = [g for g in train if g.zero_variance is not None]
     audited = [g for g in train if g.outcome is Outcome.AUDITED]
     cut = [g for g in train if g.outcome is Outcome.CUT]
-    kept = [g for g in train if g.outcome is Outcome.COMPLETED]
+    kept = [g for g in train if g.trained_on]
     spent = sum(g.step_tokens for g in train)
     hits = sum(bool(g.zero_variance) for g in audited)
     saved, basis = saving_estimate(train)
@@ -145,7 +145,7 @@ def plot_run(metrics: list[dict[str, Any]], groups: Sequence[GroupRecord], out: 
     ax.legend(fontsize=8)
     ax = axes[0][1]
     for key, label in (
-        ("rollout/groups_completed", "kept"),
+        ("rollout/groups_trained", "trained on"),
         ("rollout/groups_cut", "cut by gate"),
         ("rollout/groups_filtered", "filtered"),
         ("rollout/groups_audited", "audited"),

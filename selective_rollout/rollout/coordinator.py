@@ -198,7 +198,7 @@ class GroupCoordinator:
                 records.append(record)
                 if self.writer is not None:
                     self.writer.write(record)
-                if outcome is Outcome.COMPLETED:
+                if record.trained_on:
                     kept.append(group)
         metrics = self._metrics(records, time.perf_counter() - t0, start_tokens, start_steps)
         experiences = [e for g in kept for e in g.experiences()]
@@ -452,6 +452,7 @@ class GroupCoordinator:
         metrics: dict[str, float] = {
             "rollout/groups_started": float(sum(v for k, v in outcomes.items() if k is not Outcome.SKIPPED)),
             "rollout/groups_completed": float(outcomes[Outcome.COMPLETED]),
+            "rollout/groups_trained": float(sum(r.trained_on for r in records)),
             "rollout/groups_cut": float(outcomes[Outcome.CUT]),
             "rollout/groups_audited": float(outcomes[Outcome.AUDITED]),
             "rollout/groups_filtered": float(outcomes[Outcome.FILTERED]),

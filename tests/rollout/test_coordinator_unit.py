@@ -73,7 +73,7 @@ class ScriptedEngine:
         self.released += session_ids
 
 
-GAMES = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose"]
+GAMES = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "converge_mixed"]
 
 
 @dataclass
@@ -172,6 +172,8 @@ SCRIPTS = {
     "diverge_mixed": lambda t, s: ("win" if t % 2 == 0 else "quit") if s >= 6 else f"go to place {t}-{s}",
     "converge_win": lambda t, s: "win" if s >= 7 else "open fridge 1",
     "diverge_lose": lambda t, s: "quit" if s >= 6 else f"look {t}-{s}",
+    # the prefix_edit gate's false stop: alike at K, yet half win
+    "converge_mixed": lambda t, s: ("win" if t % 2 == 0 else "quit") if s >= 6 else "go to shelf 1",
 }
 
 
@@ -298,9 +300,42 @@ def test_audit_runs_cut_groups_in_shadow_and_measures_precision(tmp_path):
     audited = batch.groups[0]
     assert all(t.reward == 0.0 and len(t.steps) == 9 for t in audited.trajectories)  # ran to the end
     assert batch.metrics["gate/audit_precision"] == 1.0 and batch.metrics["gate/audit_n"] == 2
-    assert {e.group_id for e in batch.experiences} == {batch.groups[2].group_id}  # audited never train
+    # both audited groups were zero-variance: the learner gets the kept one only
+    assert {e.group_id for e in batch.experiences} == {batch.groups[2].group_id}
     logged = list(read_groups(tmp_path / "rollouts.jsonl"))
     assert [g.outcome for g in logged] == [Outcome.AUDITED, Outcome.AUDITED, Outcome.COMPLETED]
+
+
+def test_an_audited_false_stop_is_trained_on_and_fills_the_batch(tmp_path):
+    """An audited group that ends informative reaches the learner (its tokens are spent anyway) and
+    counts toward the iteration's target, so no refill is started for it."""
+    co = Coordinated(
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.audit_budget=1.0"],
+        run_dir=tmp_path,
+    )
+    batch = co.run(["converge_mixed", "diverge_mixed"])
+    (record,) = batch.groups  # the batch was full after the audit: the second task never started
+    assert record.outcome is Outcome.AUDITED and record.zero_variance is False and record.trained_on
+    assert {e.group_id for e in batch.experiences} == {record.group_id}
+    assert batch.kept_group_ids == [record.group_id]
+    assert batch.metrics["rollout/groups_trained"] == 1 and batch.metrics["gate/audit_precision"] == 0.0
+    (logged,) = read_groups(tmp_path / "rollouts.jsonl")
+    assert logged.outcome is Outcome.AUDITED and logged.trained_on
+
+
+def test_stalled_gate_cuts_the_group_that_has_not_finished_by_k():
+    """stalled at K = 7: no trajectory of converge_lose has ended by then (they quit at step 9), all
+    of diverge_mixed's have (step 7), so only the first is cut, whatever their divergence."""
+    overrides = ["rollout.strategy=selective", "rollout.groups_per_iteration=3", "rollout.refill=false"]
+    co = Coordinated([*overrides, "gate.name=stalled", "gate.k=7"])
+    batch = co.run(["converge_lose", "diverge_mixed", "diverge_lose"])
+    assert dict(outcomes(batch)) == {
+        "converge_lose": Outcome.CUT,
+        "diverge_mixed": Outcome.COMPLETED,
+        "diverge_lose": Outcome.COMPLETED,
+    }
+    (cut,) = [g for g in batch.groups if g.outcome is Outcome.CUT]
+    assert cut.gate.step == 7 and cut.gate.features["termination_frac"] == 0.0
 
 
 def test_history_gate_cuts_a_new_task_of_a_type_that_converged(tmp_path):

@@ -1,0 +1,60 @@
+"""The stalled gate: stop a group none (or few) of whose trajectories has finished by step K."""
+
+from __future__ import annotations
+
+import pytest
+
+from selective_rollout.gate import GroupState, build_gate
+from selective_rollout.gate.replay import Calibration
+from selective_rollout.gate.stalled import StalledGate
+from tests.gate.synthetic import group
+
+LONG = [f"a{s}" for s in range(10)]
+
+
+def _state(lengths: list[int], step: int = 6, ended: list[bool] | None = None) -> GroupState:
+    """A converged group whose trajectory i has taken ``lengths[i]`` actions (ended ones END-padded)."""
+    acts = [LONG[:n] for n in lengths]
+    return GroupState(acts, step=step, ended=ended if ended is not None else [n < step for n in lengths])
+
+
+def test_it_stops_a_group_none_of_which_has_finished_and_only_that() -> None:
+    gate = build_gate("stalled", k=6)
+    stop = gate.decide(_state([6, 6, 6, 6]))
+    assert stop.stop and stop.features["termination_frac"] == 0.0
+    one_done = gate.decide(_state([4, 6, 6, 6]))
+    assert not one_done.stop and one_done.features["termination_frac"] == 0.25
+    # its decision reads the end flags, not the actions: the same actions with nobody ended stop
+    assert gate.decide(_state([6, 6, 6, 6], ended=[False] * 4)).stop
+    assert not gate.decide(_state([6, 6, 6, 6], ended=[True, False, False, False])).stop
+
+
+def test_the_threshold_lets_a_few_finished_trajectories_stop_too_and_below_zero_turns_it_off() -> None:
+    state = _state([3, 6, 6, 6])  # a quarter finished
+    assert not build_gate("stalled", k=6, max_finished_frac=0.2).decide(state).stop
+    assert build_gate("stalled", k=6, max_finished_frac=0.25).decide(state).stop
+    off = build_gate("stalled", k=6, max_finished_frac=-1.0)
+    assert not off.decide(_state([6, 6, 6, 6])).stop
+    with pytest.raises(ValueError, match="max_finished_frac"):
+        build_gate("stalled", max_finished_frac=1.5)
+
+
+def test_a_trajectory_that_ends_after_k_has_not_finished_by_k() -> None:
+    """Offline (no end flags) a logged trajectory longer than K had not ended at K."""
+    gate = build_gate("stalled", k=4)
+    assert gate.decide(GroupState([LONG[:8]] * 4, step=4)).stop
+    assert not gate.decide(GroupState([LONG[:4], *[LONG[:8]] * 3], step=4)).stop
+
+
+def _log(n: int, late_success: int) -> list:
+    """``n`` all-fail groups that run 10 steps, and ``late_success`` mixed ones whose winner
+    finishes only at step 9 (no trajectory done by K = 6 in either)."""
+    fails = [group(f"f{i}", [LONG] * 4, [0, 0, 0, 0]) for i in range(n)]
+    late = [group(f"m{i}", [LONG[:9], LONG, LONG, LONG], [1, 0, 0, 0]) for i in range(late_success)]
+    return fails + late
+
+
+def test_calibration_stops_where_it_is_precise_and_turns_off_where_nothing_is() -> None:
+    cal = Calibration(0.9, shared={"k": 6})
+    assert StalledGate.calibrate(_log(9, 0), cal) == {"max_finished_frac": 0.0}  # 9 of 9 right
+    assert StalledGate.calibrate(_log(6, 4), cal) == {"max_finished_frac": -1.0}  # 6 of 10: 0.6
