@@ -47,6 +47,12 @@ class RolloutConfig(EntrySection):
     )
     max_groups_in_flight: int = Field(4, ge=1)
     max_steps: int = Field(15, ge=1, description="step cap per trajectory (truncation)")
+    hold_at_gate: bool = Field(
+        True,
+        description="concurrent mode, at_k gates: a trajectory that reaches a decision step waits there "
+        "until the gate has decided (when the group's slowest live trajectory gets there), so a cut "
+        "spends nothing after it; false: each trajectory runs on at its own pace meanwhile",
+    )
     audit_budget: float = Field(
         0.05,
         ge=0.0,

@@ -65,6 +65,17 @@ class GateWatch:
         self._end(i)
         return self._ask()
 
+    def holds(self, i: int) -> bool:
+        """Whether trajectory i has reached a step the gate will be asked about and has not been
+        yet (``at_k`` schedules only: under ``from_k`` that would be every step after K, the
+        paper's lock-step). A runner that waits while this holds never spends a step past a
+        decision that stops the group; the wait ends when the slowest live trajectory gets there
+        (or ends), or when the gate fires earlier."""
+        if self.tracker is None or self.fired or self.ended[i] or self.gate.mode != "at_k":
+            return False
+        step = len(self.actions[i])
+        return step > self._asked_through and self.gate.should_check(step)
+
     def _end(self, i: int) -> None:
         self.ended[i] = True
         if self.tracker is not None:

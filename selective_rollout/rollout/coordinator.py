@@ -305,6 +305,10 @@ class GroupCoordinator:
     async def _trajectory_loop(self, group: GroupRun, traj: TrajectoryRun) -> None:
         engine = self.engines[group.engine_index]
         while traj.live and not group.stopped:
+            if self.rc.hold_at_gate:
+                await group.hold_for_gate(traj)
+                if group.stopped:
+                    return
             turn = await self._generate(group, traj, engine)
             if turn is None or group.stopped:
                 return

@@ -9,6 +9,7 @@ group; an audited stop only records the verdict and lets the group run on in sha
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -81,6 +82,16 @@ class GroupRun:
         self.engine_index = 0
         self.sample_key = group_id  # what seeds its trajectories' sampling (the coordinator's key)
         self.started = time.perf_counter()
+        self._gate_moved: asyncio.Event | None = None  # set at the next step of any trajectory
+
+    async def hold_for_gate(self, traj: TrajectoryRun) -> None:
+        """Wait while the gate's decision at the step ``traj`` has reached is still to come (the
+        concurrent coordinator with ``rollout.hold_at_gate``): every step of the group's other
+        trajectories may bring it, so each one wakes the waiters to look again."""
+        while self.watch.holds(traj.index) and not self.stopped:
+            if self._gate_moved is None:
+                self._gate_moved = asyncio.Event()
+            await self._gate_moved.wait()
 
     @property
     def decision(self) -> GateRecord | None:
@@ -90,7 +101,11 @@ class GroupRun:
     def after_step(self, traj: TrajectoryRun) -> None:
         """Hand the trajectory's newest action to the gate's watch; a stop cancels the group
         unless the audit budget runs it on in shadow."""
-        if self.watch.act(traj.index, traj.steps[-1].action, ended=not traj.live) is None:
+        fired = self.watch.act(traj.index, traj.steps[-1].action, ended=not traj.live)
+        if self._gate_moved is not None:
+            self._gate_moved.set()
+            self._gate_moved = None
+        if fired is None:
             return
         if self._audits is not None:
             self.audit = self._audits.want_audit()

@@ -101,3 +101,31 @@ def test_the_task_id_and_type_reach_the_gate() -> None:
     watch.act(0, "look")
     watch.act(1, "look")
     assert seen == [("kitchen-7", "cool")]
+
+
+def test_holds_a_trajectory_at_each_decision_step_until_the_gate_was_asked() -> None:
+    watch = GateWatch(CountingGate(k=2, tau=0.0, steps=[4]), g=2)  # never stops
+    watch.act(0, "a")
+    assert not watch.holds(0)  # step 1: no decision there
+    watch.act(0, "b")
+    assert watch.holds(0) and not watch.holds(1)  # 0 waits at K for 1, which is not at K yet
+    watch.act(1, "a")
+    watch.act(1, "b")  # both at K: asked
+    assert not watch.holds(0) and not watch.holds(1)
+    watch.act(0, "c")
+    watch.act(0, "d")
+    assert watch.holds(0)  # the later decision step too
+    watch.act(1, "c")
+    watch.act(1, "d", ended=True)  # the slow one ends there: the question is asked, nobody waits
+    assert not watch.holds(0) and watch.gate.asked == [2, 4]
+
+
+def test_holds_nothing_after_a_stop_nor_under_from_k() -> None:
+    stopping = GateWatch(CountingGate(k=1, tau=1.0), g=2)
+    stopping.act(0, "a")
+    stopping.act(1, "a")  # D_1 = 0 < 1: stopped (an audit would let it run on)
+    stopping.act(0, "b")
+    assert stopping.fired and not stopping.holds(0) and not stopping.holds(1)
+    from_k = GateWatch(CountingGate(k=1, tau=0.0, mode="from_k"), g=2)
+    from_k.act(0, "a")
+    assert not from_k.holds(0)

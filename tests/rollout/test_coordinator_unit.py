@@ -33,6 +33,7 @@ class ScriptedEngine:
 
     script: dict[str, callable]
     delay: float = 0.01
+    slow: dict[int, float] = field(default_factory=dict)  # trajectory index -> its own delay
     aborted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     in_flight: dict[str, asyncio.Event] = field(default_factory=dict)
@@ -52,7 +53,7 @@ class ScriptedEngine:
         self.sessions[request_id] = session_id
         event = self.in_flight[request_id] = asyncio.Event()
         try:
-            await asyncio.wait_for(event.wait(), timeout=self.delay)
+            await asyncio.wait_for(event.wait(), timeout=self.slow.get(int(t[1:]), self.delay))
             reason = "abort"
         except asyncio.TimeoutError:
             reason = "stop"
@@ -217,16 +218,36 @@ def test_converged_group_is_cut_at_k_and_freed():
     assert record.outcome is Outcome.CUT
     assert record.gate.step == 3 and record.gate.stop
     assert record.gate.features["prefix_edit_distance"] == 0.0
-    # every trajectory got to K = 3 actions; none ran to its end
-    assert all(3 <= len(t.steps) <= 4 and t.reward is None for t in record.trajectories)
+    # every trajectory got to K = 3 actions and waited there for the decision; none ran to its end
+    assert all(len(t.steps) == 3 and t.reward is None for t in record.trajectories)
     assert co.env.open == set() and len(co.env.closed) == 4  # episodes closed
     assert sorted(co.engine.released) == sorted(f"{record.group_id}-t{i}" for i in range(4))
     assert not co.engine.in_flight  # nothing left generating
     assert batch.experiences == []  # a cut group never reaches the learner
 
 
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_trajectory_ahead_waits_at_k_for_the_decision_unless_told_not_to(hold):
+    """Trajectory 3 is 8x slower than the others: holding at the gate, the fast ones wait at K = 3
+    and the cut spends nothing after it; without the hold they run on meanwhile (and the group
+    still stops at K, when the slow one gets there)."""
+    overrides = ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.refill=false"]
+    co = Coordinated([*overrides, f"rollout.hold_at_gate={str(hold).lower()}"])
+    co.engine.slow = {3: 0.08}
+    (record,) = co.run(["converge_lose"]).groups
+    assert record.outcome is Outcome.CUT and record.gate.step == 3
+    lengths = [len(t.steps) for t in record.trajectories]
+    if hold:
+        assert lengths == [3, 3, 3, 3]
+    else:
+        assert lengths[3] == 3 and min(lengths[:3]) >= 6  # ~8 steps each while the slow one took 3
+
+
 def test_in_flight_requests_of_a_cut_group_are_aborted():
-    co = Coordinated(["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.refill=false"])
+    co = Coordinated(
+        ["rollout.strategy=selective", "rollout.groups_per_iteration=1", "rollout.refill=false"]
+        + ["rollout.hold_at_gate=false"]  # with the hold nothing is in flight when the gate fires
+    )
     co.engine.delay = 0.05
     batch = co.run(["converge_lose"])
     # trajectories that had already reached K were generating step K+1 when the gate fired
