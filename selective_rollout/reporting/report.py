@@ -73,6 +73,9 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
         "gate_fires": sum(1 for g in train if g.gate is not None and g.gate.stop),
         "step_tokens_spent": spent,
         "step_tokens_in_cut_groups": sum(g.step_tokens for g in cut),
+        # what cut groups spent after their gate step (trajectories ahead of the decision): 0 with
+        # rollout.hold_at_gate, the overshoot of the concurrent scheduler without it
+        "step_tokens_past_cut": sum(g.tokens_after(g.gate.step) for g in cut if g.gate is not None),
         "audited": len(audited),
         "audit_precision": hits / len(audited) if audited else None,
         "audit_precision_ci95": list(clopper_pearson(hits, len(audited))) if audited else None,
@@ -260,7 +263,8 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         f"| groups trained on | {summary['kept']} ({summary['informative_kept']} informative) |",
         f"| zero-variance share (groups with a known outcome) | {_fmt(summary['zero_var_frac'], True)} |",
         f"| regime | {regime_row} |",
-        f"| gate fires | {summary['gate_fires']} |",
+        f"| gate fires | {summary['gate_fires']} (cut groups spent {_fmt(summary['step_tokens_past_cut'])} "
+        "step-tokens past their gate step) |",
         f"| audited gate precision | {precision} |",
         f"| rollout step-tokens spent | {_fmt(summary['step_tokens_spent'])} |",
         f"| step-tokens saved by the gate (estimate) | {_fmt(summary['step_tokens_saved_est'])} "

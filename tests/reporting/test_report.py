@@ -42,6 +42,9 @@ def test_audited_groups_are_the_preferred_witness():
 def test_summary_never_leaves_the_saving_unknown_when_the_gate_fired():
     summary = rollout_summary([CUT, HEAT, COOL])
     assert summary["gate_fires"] == 1 and summary["step_tokens_saved_est"] > 0
+    assert summary["step_tokens_past_cut"] == 0  # CUT stopped at its gate step
+    overshot = _group(Outcome.CUT, "heat", [["a", "b", "c"], ["a", "b"]], [None, None], gate_step=2)
+    assert rollout_summary([overshot, HEAT])["step_tokens_past_cut"] == 10  # one step past K
     assert summary["audit_precision"] is None and summary["audit_precision_ci95"] is None
     audited = _group(Outcome.AUDITED, "cool", [["a"] * 6, ["a"] * 6], [1.0, 1.0], gate_step=2)
     summary = rollout_summary([CUT, audited])
