@@ -188,6 +188,10 @@ def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.1%}"
 
 
+def _signed_pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.1%}"
+
+
 def _num(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.2f}"
 
@@ -210,9 +214,10 @@ def _params_text(params: Sequence[dict[str, Any]]) -> str:
 def table(results: Sequence[Result]) -> list[str]:
     head = (
         "| gate | target | calibrated on the fit part (per fold) | stops (audited) | precision | "
-        "recall | step-tokens saved | share of oracle | saved minus prefix_edit's | adv L2 kept |"
+        "recall | step-tokens saved | share of oracle | saved minus prefix_edit's | "
+        "step-tokens per informative group vs no gate | adv L2 kept |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in results:
         s, ci = r.summary, r.ci
         vs = "" if r.vs_baseline is None else _with_ci(r.vs_baseline[0], r.vs_baseline[1:], _pct)
@@ -227,7 +232,8 @@ def table(results: Sequence[Result]) -> list[str]:
             f"{_with_ci(s['recall'], ci['recall'], _num)} | "
             f"{_with_ci(s['saved'], ci['saved'], _pct)} | "
             f"{_with_ci(s['share_of_oracle'], ci['share_of_oracle'], _pct)} | "
-            f"{vs} | {s['adv_l2_preserved']:.1%} |"
+            f"{vs} | {_with_ci(s['per_informative'], ci['per_informative'], _signed_pct)} | "
+            f"{s['adv_l2_preserved']:.1%} |"
         )
     return lines
 

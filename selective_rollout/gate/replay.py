@@ -11,12 +11,14 @@ the coordinator tells it, and what it is told must hide what a run would not kno
 - a stop is audited or not by the run's own rule (``gate.audit.AuditBudget``); the gate then
   observes the group as the coordinator would have recorded it: a cut group truncated at its
   gate step with unknown rewards, an audited or uncut one whole with its rewards;
-- a cut saves what the group spent after its gate step; an audited stop saves nothing (it ran on
-  in shadow) but counts as the gate's decision for precision and recall, and neither reaches the
-  learner.
+- a cut saves what the group spent after its gate step and never reaches the learner; an audited
+  stop saves nothing (it ran on in shadow) but counts as the gate's decision for precision and
+  recall, and reaches the learner when informative, as the coordinator trains on it.
 
 ``summarize`` turns the outcomes into precision, recall, step-tokens saved and their share of the
-oracle's saving (cut exactly the zero-variance groups at K, no audit). ``best_params`` picks,
+oracle's saving (cut exactly the zero-variance groups at K, no audit), and the change in step-tokens
+per informative group reaching the learner against no gate (what the cuts save, over the
+informative groups they lose: the offline twin of the experiment's paired figure). ``best_params`` picks,
 among candidate parameters, the one that saves the most on a part of the log while keeping its
 precision at or above a target (the calibration of the held-out evaluation, gate/heldout.py).
 """
@@ -161,6 +163,7 @@ class GroupOutcome:
     def row(self) -> list[float]:
         """The numbers ``summarize`` sums, as one row (bootstrap resamples rows of a task together)."""
         tp = self.stopped and self.zero_variance
+        cut = self.stopped and not self.audited
         return [
             float(self.stopped),
             float(tp),
@@ -169,8 +172,10 @@ class GroupOutcome:
             float(self.total),
             float(self.oracle),
             self.adv_sq,
-            0.0 if self.stopped else self.adv_sq,
+            0.0 if cut else self.adv_sq,
             float(self.audited),
+            float(not self.zero_variance),
+            float(cut and not self.zero_variance),
         ]
 
 
@@ -219,12 +224,20 @@ def _advantage_sq(record: GroupRecord) -> float:
 
 
 # the columns of GroupOutcome.row
-STOPS, TP, ZERO, SAVED, TOTAL, ORACLE, ADV, ADV_KEPT, AUDITED = range(9)
-ROW_WIDTH = 9
+STOPS, TP, ZERO, SAVED, TOTAL, ORACLE, ADV, ADV_KEPT, AUDITED, INFORMATIVE, LOST = range(11)
+ROW_WIDTH = 11
 
 
 def _ratio(num: float, den: float) -> float:
     return num / den if den else math.nan
+
+
+def _per_informative(s: np.ndarray) -> float:
+    """(step-tokens spent / informative groups kept) over the same without the gate, minus 1: < 0
+    when the gate pays. NaN (not defined) without informative groups, or when it lost all of them."""
+    if not s[TOTAL] or s[INFORMATIVE] == s[LOST]:
+        return math.nan
+    return (s[TOTAL] - s[SAVED]) / s[TOTAL] * s[INFORMATIVE] / (s[INFORMATIVE] - s[LOST]) - 1.0
 
 
 STATISTICS = {
@@ -232,13 +245,14 @@ STATISTICS = {
     "recall": lambda s: _ratio(s[TP], s[ZERO]),
     "saved": lambda s: _ratio(s[SAVED], s[TOTAL]),
     "share_of_oracle": lambda s: _ratio(s[SAVED], s[ORACLE]),
+    "per_informative": _per_informative,
 }
 
 
 def summarize(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
     """Precision and recall of the stops (audited ones included: they were the gate's decisions),
     step-tokens saved by the cuts as a share of all, of the oracle's saving, and the GRPO
-    advantage L2 that survives (stopped groups never reach the learner)."""
+    advantage L2 that survives (cut groups never reach the learner; audited ones do when informative)."""
     s = np.asarray([o.row() for o in outcomes], dtype=float).sum(axis=0) if outcomes else np.zeros(ROW_WIDTH)
     out = {name: fn(s) for name, fn in STATISTICS.items()}
     out.update(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
 from selective_rollout.gate import GateDecision, GroupState, PrefixEditGate, build_gate
@@ -122,4 +125,32 @@ def test_caching_changes_nothing() -> None:
     with caching():
         first = summarize(replay(build_gate("prefix_edit", k=3, tau=0.4), groups))
         again = summarize(replay(build_gate("prefix_edit", k=3, tau=0.4), groups))
-    assert plain == first == again
+    assert json.dumps(plain) == json.dumps(first) == json.dumps(again)  # NaN-aware
+    assert math.isnan(plain["per_informative"])  # the one informative group was cut: not defined
+
+
+def test_per_informative_weighs_what_cuts_save_against_informative_groups_lost() -> None:
+    """Groups of 4 x 10 steps x 100 step-tokens; the gate cuts every group alike at K = 3 and so
+    saves 2800 of each group it cuts: with no informative group lost, per informative group it spends
+    the share it did not save; a false cut halves the informative groups and costs more than it saves."""
+    gate = {"k": 3, "tau": 0.4}
+    zero, mixed = converged("a", [0] * 4), divergent("b", [1, 0, 0, 0])
+    alike_but_mixed = partly("c", [0, 1, 1, 0], shared=4)  # D_3 = 0, yet informative
+    pays = summarize(replay(build_gate("prefix_edit", **gate), [zero, mixed]))
+    assert pays["per_informative"] == pytest.approx(5200 / 8000 - 1)  # -35%
+    costs = summarize(replay(build_gate("prefix_edit", **gate), [zero, mixed, alike_but_mixed]))
+    assert costs["per_informative"] == pytest.approx((12000 - 5600) / 12000 * 2 / 1 - 1)  # +6.7%
+    assert math.isnan(
+        summarize(replay(build_gate("prefix_edit", **gate), [zero, alike_but_mixed]))["per_informative"]
+    )
+
+
+def test_an_audited_false_stop_keeps_its_advantages_a_cut_one_loses_them() -> None:
+    """As the coordinator trains on audited groups that end informative."""
+    alike_but_mixed = partly("c", [0, 1, 1, 0], shared=4)
+    cut = summarize(replay(build_gate("prefix_edit", k=3, tau=0.4), [alike_but_mixed]))
+    audited = summarize(replay(build_gate("prefix_edit", k=3, tau=0.4), [alike_but_mixed], audit_budget=1.0))
+    assert cut["audited"] == 0 and cut["adv_l2_preserved"] == 0.0
+    assert (
+        audited["audited"] == 1 and audited["adv_l2_preserved"] == 1.0 and audited["per_informative"] == 0.0
+    )
