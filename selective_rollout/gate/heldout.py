@@ -21,7 +21,8 @@ step, the run's audit rule, a cut group's outcome hidden from the gate).
 Printed and written (``heldout.md``, ``heldout.csv``, ``heldout_pareto.png``) per gate and target:
 precision and recall (of zero-variance groups) of its stops, step-tokens saved, that saving as a
 share of the oracle's (cut exactly the zero-variance groups at K), the difference in saving from
-``prefix_edit`` calibrated alike, and GRPO advantage L2 kept, each with a 95% bootstrap interval
+``prefix_edit`` calibrated alike, the change in step-tokens per informative group that reaches the
+learner against no gate, and GRPO advantage L2 kept, each with a 95% bootstrap interval
 over tasks (a task's groups resampled together; the gates' decisions held fixed).
 ``--steps`` adds, for every gate, a variant that also decides at those later steps
 (``learned@4,6,8``).
