@@ -258,7 +258,7 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         "|---|---|",
         f"| iterations | {report['iterations']} |",
         f"| wall-clock | {report['wall_s']:.0f} s (rollouts {report['rollout_wall_s']:.0f} s) |",
-        f"| groups started | {summary['groups'] - o['skipped']} (kept {o['completed']}, cut {o['cut']}, "
+        f"| groups started | {summary['groups'] - o['skipped']} (ran whole {o['completed']}, cut {o['cut']}, "
         f"audited {o['audited']}, filtered {o['filtered']}, failed {o['failed']}, skipped {o['skipped']}) |",
         f"| groups trained on | {summary['kept']} ({summary['informative_kept']} informative) |",
         f"| zero-variance share (groups with a known outcome) | {_fmt(summary['zero_var_frac'], True)} |",
