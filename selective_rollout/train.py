@@ -374,8 +374,24 @@ class Trainer:
             )
         if "after" not in self.state["eval"]:
             self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.train.iterations)
-            self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
+            self.save_final_state()
         return write_report(self.run_dir, self.state, self.cfg.gate.k)
+
+    def save_final_state(self) -> None:
+        """Keep the final evaluation across a resume. The last iteration's checkpoint already holds
+        these weights: only its driver state is replaced (a full save would write the model and
+        the optimizer again, ~12 bytes per parameter, for nothing)."""
+        from selective_rollout.trainer.checkpoint import (
+            latest_checkpoint,
+            read_extra_state,
+            update_extra_state,
+        )
+
+        latest = latest_checkpoint(self.ckpt_dir)
+        if latest is not None and read_extra_state(latest).get("iteration") == self.state["iteration"]:
+            update_extra_state(latest, dict(self.state))
+        else:
+            self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
 
     def close(self) -> None:
         import ray

@@ -73,3 +73,41 @@ def test_checkpoints_of_the_pickled_format_stop_the_resume(tmp_path):
     with pytest.raises(ValueError, match=r"step_00000004: pickled driver state"):
         rewind_logs(tmp_path, tmp_path / "checkpoints", "auto")
     assert len(list(read_groups(tmp_path / "rollouts.jsonl"))) == 2  # nothing touched
+
+
+def test_the_final_evaluation_updates_the_last_checkpoint_without_saving_the_model_again(tmp_path):
+    """After the last iteration's checkpoint only the driver's state changes (the "after" eval):
+    it is replaced in place, atomically, and the weights are not written twice. Without a
+    checkpoint of that iteration (none yet, or an older one) the learner saves a full one."""
+    from types import SimpleNamespace
+
+    from selective_rollout.train import Trainer
+    from selective_rollout.trainer.checkpoint import latest_checkpoint, read_extra_state
+
+    ckpt = tmp_path / "checkpoints"
+    _checkpoint(ckpt, 2, ["before"])
+    weights = ckpt / checkpoint_name(2) / "ds"
+    weights.mkdir()
+    (weights / "model.pt").write_bytes(b"weights")
+    saves = []
+    learner = SimpleNamespace(save_checkpoint=lambda d, state: saves.append(state["iteration"]))
+    state = {"iteration": 2, "cursor": 6, "eval": {"before": {}, "after": {"success_rate": 0.5}}}
+    Trainer.save_final_state(SimpleNamespace(ckpt_dir=ckpt, state=state, learner=learner))
+    latest = latest_checkpoint(ckpt)
+    assert saves == [] and read_extra_state(latest) == state
+    assert (weights / "model.pt").read_bytes() == b"weights"
+    assert sorted(p.name for p in latest.iterdir()) == ["ds", EXTRA_STATE]  # no staging file left
+
+    state3 = {**state, "iteration": 3}
+    Trainer.save_final_state(SimpleNamespace(ckpt_dir=ckpt, state=state3, learner=learner))
+    assert saves == [3] and read_extra_state(latest)["iteration"] == 2
+    Trainer.save_final_state(SimpleNamespace(ckpt_dir=tmp_path / "none", state=state, learner=learner))
+    assert saves == [3, 2]
+
+
+def test_updating_the_state_of_an_incomplete_checkpoint_is_refused(tmp_path):
+    from selective_rollout.trainer.checkpoint import update_extra_state
+
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        update_extra_state(tmp_path, {"iteration": 1})
+    assert list(tmp_path.iterdir()) == []

@@ -13,14 +13,16 @@ the others (cross-fitting), so every group is evaluated once, by gates that neve
 For each gate and target precision, on the fit part: a threshold gate takes the threshold value
 that saves the most while its precision there stays >= the target (the loosest such one);
 ``learned`` fits its model (gate/fit.py), ``history`` its thresholds, ``precision_target`` is
-given the target (its tau comes online). The calibrated gate then observes the fit part's
-groups (a gate with memory starts the evaluation knowing them) and is replayed over the
-evaluation part in log order as a run would meet it (gate/replay.py: truncated at each decision
-step, the run's audit rule, a cut group's outcome hidden from the gate).
+given the target (its tau comes online), ``stalled`` its step (K or later) and share. The
+calibrated gate then observes the fit part's groups (a gate with memory starts the evaluation
+knowing them) and is replayed over the evaluation part in log order as a run would meet it
+(gate/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
+hidden from the gate).
 
 Printed and written (``heldout.md``, ``heldout.csv``, ``heldout_pareto.png``) per gate and target:
 precision and recall (of zero-variance groups) of its stops, step-tokens saved, that saving as a
-share of the oracle's (cut exactly the zero-variance groups at K), the difference in saving from
+share of the oracle's (cut exactly the zero-variance groups at K, whatever step a gate
+calibrated for itself), the difference in saving from
 ``prefix_edit`` calibrated alike, the change in step-tokens per informative group that reaches the
 learner against no gate, and GRPO advantage L2 kept, each with a 95% bootstrap interval
 over tasks (a task's groups resampled together; the gates' decisions held fixed).
@@ -140,11 +142,12 @@ def evaluate_spec(
             tag=f"{spec.label}-p{target:g}-fold{i}",
         )
         params = calibrate(spec, fit, cal)
-        fit_by_part.append(summarize(cal.replay(build_gate(spec.name, **spec.shared, **params), fit)))
-        gate = build_gate(spec.name, **spec.shared, **params)
+        # a calibration may set a shared key too (stalled picks its step); the oracle stays at K
+        fit_by_part.append(summarize(cal.replay(build_gate(spec.name, **{**spec.shared, **params}), fit)))
+        gate = build_gate(spec.name, **{**spec.shared, **params})
         for record in labelled(fit):  # start the evaluation knowing the fit part, as logged
             gate.observe(record)
-        outcomes += replay(gate, ev, audit_budget, audit_target)
+        outcomes += replay(gate, ev, audit_budget, audit_target, spec.k)
         params_by_part.append(params)
     return Result(spec, target, outcomes, params_by_part, fit_by_part)
 

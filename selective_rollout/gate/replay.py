@@ -285,18 +285,20 @@ class Calibration:
     tag: str = "fit"  # names those files (one per fold and target)
 
     def replay(self, gate: Gate, groups: Sequence[GroupRecord]) -> list[GroupOutcome]:
-        return replay(gate, groups, self.audit_budget, self.audit_target)
+        """``gate`` over ``groups`` with the run's audit rule; the oracle at the evaluation's K."""
+        return replay(gate, groups, self.audit_budget, self.audit_target, self.shared.get("k"))
 
 
 def best_params(
     name: str, candidates: Sequence[Mapping[str, Any]], fit: Sequence[GroupRecord], cal: Calibration
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Among ``candidates`` (parameter sets of gate ``name``), the one that saves the most on
-    ``fit`` with precision >= the target there (ties: the first listed); with its fit summary.
+    """Among ``candidates`` (parameter sets of gate ``name``; one may set a shared key such as
+    ``k``, over ``cal.shared``), the one that saves the most on ``fit`` with precision >= the
+    target there (ties: the first listed); with its fit summary.
     A candidate that never stops meets any target, so list one (e.g. tau 0) to always have one."""
     best: tuple[dict[str, Any], dict[str, float]] | None = None
     for params in candidates:
-        summary = summarize(cal.replay(build_gate(name, **cal.shared, **params), fit))
+        summary = summarize(cal.replay(build_gate(name, **{**cal.shared, **params}), fit))
         if not meets(summary["precision"], cal.target):
             continue
         if best is None or summary["saved"] > best[1]["saved"] + 1e-12:

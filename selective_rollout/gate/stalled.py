@@ -68,6 +68,15 @@ class StalledGate(Gate):
 
     @classmethod
     def calibrate(cls, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any]:
-        """The share that saves the most on ``fit`` at the target precision; off (-1) if none does."""
-        grid = [{"max_finished_frac": t} for t in (-1.0, *cal.thresholds)]
-        return best_params(cls.name, grid, fit, cal)[0]
+        """The step and the share that save the most on ``fit`` at the target precision; off (-1)
+        if none does. The step is the evaluation's K or any later one the fit part reaches: how
+        late a group must still be unfinished to be judged stalled is what sets the precision
+        (a success that comes after the step is a false stop), so it is calibrated, not fixed."""
+        first = cal.shared.get("k", cls.Params.model_fields["k"].default)
+        longest = max((len(t.steps) for g in fit for t in g.trajectories), default=first)
+        # the shares a group can have: i finished of its G
+        shares = sorted({i / g.g for g in fit for i in range(g.g + 1)})
+        # a schedule of later steps (--steps) fixes K: the later steps must stay after it
+        steps = [first] if cal.shared.get("steps") else range(first, max(first, longest - 1) + 1)
+        grid = [{"k": k, "max_finished_frac": t} for k in steps for t in shares]
+        return best_params(cls.name, [{"max_finished_frac": -1.0}, *grid], fit, cal)[0]

@@ -89,6 +89,19 @@ def publish(staging: Path, final: Path, extra_state: dict[str, Any]) -> Path:
     return final
 
 
+def update_extra_state(path: Path, extra_state: dict[str, Any]) -> None:
+    """Replace the driver's state of the complete checkpoint ``path`` atomically, leaving its
+    weights and optimizer state as they are: what the run learned after its last update (the
+    final held-out evaluation) is kept without writing the whole model again."""
+    read_extra_state(path)  # a complete checkpoint, or the error that says it is not
+    staged = path / f".{EXTRA_STATE}.tmp"
+    with staged.open("w") as fh:
+        json.dump(extra_state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(staged, path / EXTRA_STATE)
+
+
 def read_extra_state(path: Path) -> dict[str, Any]:
     file = path / EXTRA_STATE
     if not file.is_file():

@@ -11,7 +11,7 @@ import pytest
 from selective_rollout.gate.heldout import GateSpec, main, run, split_by_task
 from selective_rollout.records import GroupWriter
 from selective_rollout.stats import cluster_bootstrap_ci
-from tests.gate.synthetic import converged, divergent, mixed_log
+from tests.gate.synthetic import converged, divergent, group, mixed_log
 
 
 def test_task_split_never_shares_a_task_and_evaluates_every_group_once() -> None:
@@ -36,6 +36,24 @@ def test_calibration_uses_only_the_fit_part() -> None:
     assert result.params[0]["tau"] > 0.0 and result.fit[0]["precision"] == 1.0
     assert result.summary["stops"] == 5 and result.summary["precision"] == 0.0
     assert oracle.spec.name == "oracle" and oracle.summary["stops"] == 0
+
+
+def test_a_gate_that_calibrates_its_step_is_scored_against_the_oracle_at_the_evaluations_k() -> None:
+    """stalled picks a later step on the fit part (its late winners finish at 8); the share of the
+    oracle is still the share of what cutting the zero-variance groups at K = 4 would save."""
+    long = [f"a{s}" for s in range(10)]
+
+    def log(tag: str) -> list:
+        fails = [group(f"{tag}f{i}", [long] * 4, [0, 0, 0, 0]) for i in range(6)]
+        late = [group(f"{tag}m{i}", [long[:8], long, long, long], [1, 0, 0, 0]) for i in range(3)]
+        return fails + late
+
+    (result, oracle) = run([(log("fit"), log("ev"))], [GateSpec("stalled", 4)], [0.9], k=4, resamples=50)
+    assert result.params[0] == {"k": 8, "max_finished_frac": 0.0}
+    assert result.summary["precision"] == 1.0 and result.summary["stops"] == 6
+    # 6 all-fail groups: stalled saves steps 9-10 of each, the K = 4 oracle steps 5-10
+    assert result.summary["share_of_oracle"] == pytest.approx(2 / 6)
+    assert oracle.summary["saved"] == pytest.approx(result.summary["saved"] * 3)
 
 
 def test_cluster_bootstrap_resamples_whole_tasks() -> None:

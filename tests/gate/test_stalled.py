@@ -46,15 +46,21 @@ def test_a_trajectory_that_ends_after_k_has_not_finished_by_k() -> None:
     assert not gate.decide(GroupState([LONG[:4], *[LONG[:8]] * 3], step=4)).stop
 
 
-def _log(n: int, late_success: int) -> list:
+def _log(n: int, late_success: int, winner_at: int = 9) -> list:
     """``n`` all-fail groups that run 10 steps, and ``late_success`` mixed ones whose winner
-    finishes only at step 9 (no trajectory done by K = 6 in either)."""
+    finishes only at step ``winner_at`` (no trajectory done by K = 6 in either)."""
     fails = [group(f"f{i}", [LONG] * 4, [0, 0, 0, 0]) for i in range(n)]
-    late = [group(f"m{i}", [LONG[:9], LONG, LONG, LONG], [1, 0, 0, 0]) for i in range(late_success)]
+    late = [group(f"m{i}", [LONG[:winner_at], LONG, LONG, LONG], [1, 0, 0, 0]) for i in range(late_success)]
     return fails + late
 
 
-def test_calibration_stops_where_it_is_precise_and_turns_off_where_nothing_is() -> None:
+def test_calibration_picks_the_step_where_it_is_precise_and_turns_off_where_none_is() -> None:
     cal = Calibration(0.9, shared={"k": 6})
-    assert StalledGate.calibrate(_log(9, 0), cal) == {"max_finished_frac": 0.0}  # 9 of 9 right
-    assert StalledGate.calibrate(_log(6, 4), cal) == {"max_finished_frac": -1.0}  # 6 of 10: 0.6
+    assert StalledGate.calibrate(_log(9, 0), cal) == {"k": 6, "max_finished_frac": 0.0}  # 9 of 9 right
+    # at K = 6 only 6 of 10 stops are right; by step 9 the late winners have finished: 6 of 6
+    assert StalledGate.calibrate(_log(6, 4), cal) == {"k": 9, "max_finished_frac": 0.0}
+    # with later decision steps in the schedule K stays where it is (the steps must follow it)
+    with_steps = Calibration(0.9, shared={"k": 6, "mode": "at_k", "steps": [7]})
+    assert StalledGate.calibrate(_log(6, 4), with_steps) == {"max_finished_frac": -1.0}
+    # winners that finish on the last step look stalled at every step before it: off
+    assert StalledGate.calibrate(_log(6, 4, winner_at=10), cal) == {"max_finished_frac": -1.0}
