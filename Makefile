@@ -75,7 +75,7 @@ experiment-learning: install
 experiment-gates: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_gates_cpu.yaml
 
-# The stalled gate against no gate on 4 seeds; shares the gates experiment's folder, so its seeds 0
+# The stalled gate against no gate on 6 seeds; shares the gates experiment's folder, so its seeds 0
 # and 1 are reused from there (results replace that folder's experiment.md; docs/gate.md "Online").
 experiment-stalled: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_stalled_cpu.yaml --out runs/experiment-ab-gates-cpu
