@@ -74,10 +74,7 @@ def publish(staging: Path, final: Path, extra_state: dict[str, Any]) -> Path:
     rename and deleted after it, so there is no moment without a complete checkpoint on disk
     except between those two renames.
     """
-    with (staging / EXTRA_STATE).open("w") as fh:
-        json.dump(extra_state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    _write_synced(staging / EXTRA_STATE, extra_state)
     aside = final.with_name(f".old-{final.name}")
     if final.exists():
         if aside.exists():
@@ -93,20 +90,29 @@ def update_extra_state(path: Path, extra_state: dict[str, Any]) -> None:
     """Replace the driver's state of the complete checkpoint ``path`` atomically, leaving its
     weights and optimizer state as they are: what the run learned after its last update (the
     final held-out evaluation) is kept without writing the whole model again."""
-    read_extra_state(path)  # a complete checkpoint, or the error that says it is not
-    staged = path / f".{EXTRA_STATE}.tmp"
-    with staged.open("w") as fh:
+    file = _extra_state_file(path)
+    staged = file.with_name(f".{EXTRA_STATE}.tmp")
+    _write_synced(staged, extra_state)
+    os.replace(staged, file)
+
+
+def _write_synced(file: Path, extra_state: dict[str, Any]) -> None:
+    """The driver's state as JSON, on disk before any rename publishes it."""
+    with file.open("w") as fh:
         json.dump(extra_state, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(staged, path / EXTRA_STATE)
 
 
-def read_extra_state(path: Path) -> dict[str, Any]:
+def _extra_state_file(path: Path) -> Path:
     file = path / EXTRA_STATE
     if not file.is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {EXTRA_STATE})")
-    return json.loads(file.read_text())
+    return file
+
+
+def read_extra_state(path: Path) -> dict[str, Any]:
+    return json.loads(_extra_state_file(path).read_text())
 
 
 def prune(root: str | Path, keep: int) -> None:
