@@ -1,6 +1,6 @@
 """Learner throughput on SmolLM2-135M: ZeRO-0 x1 vs ZeRO-2 x2, LoRA vs full, fp32 vs bf16-mixed
-(autocast), packed vs per-step forwards, and weight-sync seconds per method (gloo process group vs
-Ray object store).
+(autocast), packed vs per-step forwards, the vocabulary projection at the policy tokens only vs at
+every position, and weight-sync seconds per method (gloo process group vs Ray object store).
 
 Each learner configuration runs one warm-up step and then ``--steps`` measured steps on the same
 synthetic multi-turn batch (random token ids shaped like ALFWorld dialogues). Prints one JSON
@@ -20,16 +20,21 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from selective_rollout.config import load_config
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
 from selective_rollout.models import resolve_model
+from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
 from selective_rollout.rollout.engines.transformers_engine import TransformersEngine
 from selective_rollout.trainer import LearnerGroup
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.losses import batch_denominator
+from selective_rollout.trainer.modeling import token_logprobs
 from selective_rollout.trainer.objective import micro_batch_loss
 from selective_rollout.trainer.packing import collate, per_step_segments
+
+PROFILE = Path(__file__).resolve().parents[1] / "configs" / "cpu_default.yaml"
 
 
 def synthetic_batch(groups: int, g: int, turns: int, vocab: int, seed: int = 0) -> list[Experience]:
@@ -98,6 +103,40 @@ def packed_vs_per_step(model_path: Path, batch: list[Experience], threads: int) 
     }
 
 
+def projection_at_policy_tokens(model_path: Path, batch: list[Experience], threads: int, steps: int) -> dict:
+    """Forward+backward (in the profile learner's precision on this CPU) of the same masked
+    log-likelihood, the vocabulary projection at every position (the unrestricted path) vs only at
+    the policy tokens (``token_logprobs(positions=...)``, what the learner runs), arms alternating."""
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    mb = collate(batch, [1.0] * len(batch))
+    precision = learner_precision(load_config(PROFILE).trainer.precision, "cpu")
+
+    def run(restricted: bool) -> float:
+        model.zero_grad()
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            positions = mb.loss_mask > 0 if restricted else None
+            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, True, positions=positions)
+        (-(logp * mb.loss_mask).sum()).backward()
+        return time.perf_counter() - start
+
+    run(True), run(False)  # warm-up
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(steps):
+        for restricted in (False, True):
+            times[restricted].append(run(restricted))
+    every, policy = statistics.median(times[False]), statistics.median(times[True])
+    return {
+        "every_position_s": every,
+        "policy_tokens_s": policy,
+        "speedup": every / policy,
+        "policy_token_frac": float(mb.loss_mask.sum() / mb.attention_mask.sum()),
+        "tokens": int(mb.attention_mask.sum()),
+        "precision": precision,
+    }
+
+
 def sync_seconds(model: Path, method: str, engines: int, repeats: int) -> dict:
     group = LearnerGroup(TrainerConfig(weight_sync=method), model, actor_options={"num_cpus": 1})
     actors = [
@@ -126,7 +165,9 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="CPU threads of the single-learner runs")
     parser.add_argument("--engines", type=int, default=1)
     parser.add_argument("--micro-batch-tokens", type=int, default=512)
-    parser.add_argument("--only", nargs="*", default=["zero", "precision", "lora", "packing", "sync"])
+    parser.add_argument(
+        "--only", nargs="*", default=["zero", "precision", "lora", "packing", "projection", "sync"]
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -162,6 +203,8 @@ def main() -> None:
             section("lora_zero0_x1", learner_tokens_per_s, lora, model, batch, args.steps, args.cpus)
         if "packing" in args.only:
             section("packed_vs_per_step", packed_vs_per_step, model, batch, args.cpus)
+        if "projection" in args.only:
+            section("projection", projection_at_policy_tokens, model, batch, args.cpus, max(3, args.steps))
         if "sync" in args.only:
             for method in ("gloo", "object_store"):
                 section(f"sync_{method}", sync_seconds, model, method, args.engines, 3)

@@ -23,6 +23,7 @@ FLOORS = {
     "models": 1,
     "placement": 1,
     "runtime": 1,
+    "precision": 1,
     "gate": 1,
     "envs": 1,
     "config": 1,

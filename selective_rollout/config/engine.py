@@ -49,7 +49,11 @@ class EngineConfig(EntrySection):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(32, ge=1)
     seed: int = Field(0, ge=0, description="seeds requests that carry no seed of their own")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("float32", description="of the weights")
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "bfloat16-if-native"] = Field(
+        "float32",
+        description="of the weights; bfloat16-if-native: bfloat16 where the engine's device multiplies "
+        "bf16 in hardware (CUDA, CPUs with AMX or AVX512-BF16), float32 elsewhere (precision.py)",
+    )
     # Ray resources of one engine actor.
     num_cpus: float = Field(1.0, gt=0.0)
     num_gpus: float = Field(0.0, ge=0.0, description="0 on CPU; vLLM on a cluster: tensor_parallel_size")

@@ -66,11 +66,13 @@ class TrainerConfig(Section):
     # system
     num_learners: int = Field(1, ge=1)
     zero_stage: int = Field(0, ge=0, le=3)
-    precision: Literal["fp32", "bf16", "bf16-mixed"] = Field(
+    precision: Literal["fp32", "bf16", "bf16-mixed", "bf16-mixed-if-native"] = Field(
         "fp32",
         description="fp32; bf16 (weights in bf16, DeepSpeed keeps an fp32 master copy); bf16-mixed "
         "(fp32 weights and optimiser, forward and backward matmuls in bf16 under torch.autocast: "
-        "x1.95 the tokens/s of fp32 on a 2-core CPU with AVX-512-BF16, bench/learner_step.py)",
+        "x1.95 the tokens/s of fp32 on a 2-core CPU with AVX-512-BF16, bench/learner_step.py); "
+        "bf16-mixed-if-native: bf16-mixed where the learner's device multiplies bf16 in hardware, "
+        "fp32 elsewhere (emulated bf16 is ~100x slower than fp32 on an AVX2-only CPU; precision.py)",
     )
     lora: LoraConfig = LoraConfig()
     weight_sync: Literal["auto", "gloo", "nccl", "object_store"] = Field(

@@ -8,6 +8,7 @@ batch's loss denominator); a learner only executes its share, so the ranks stay 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -18,12 +19,15 @@ import deepspeed
 import torch
 
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
 from selective_rollout.trainer.objective import micro_batch_loss
 from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
 from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
+
+log = logging.getLogger(__name__)
 
 
 def free_port(host: str) -> int:
@@ -127,6 +131,12 @@ class LearnerWorker:
         )
         if not cuda:
             _skip_shm_comm_build()
+        precision = learner_precision(self.cfg.precision, "cuda" if cuda else "cpu")
+        if precision != self.cfg.precision:
+            log.info(
+                "trainer.precision %s: %s on this %s", self.cfg.precision, precision, "GPU" if cuda else "CPU"
+            )
+            self.cfg = self.cfg.model_copy(update={"precision": precision})
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
         torch.manual_seed(self.seed)  # the same LoRA init on every rank
         model = load_policy(self.model_path, self.cfg)
@@ -178,11 +188,17 @@ class LearnerWorker:
 
     # -- training ----------------------------------------------------------------------------
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """The frozen initial policy's log-probs at the micro-batch's policy tokens (0 elsewhere)."""
+        policy_tokens = mb.loss_mask > 0
         with torch.no_grad():
             if self.ref_model is not None:
-                return token_logprobs(self.ref_model, mb.input_ids, mb.attention_mask)[0]
+                return token_logprobs(
+                    self.ref_model, mb.input_ids, mb.attention_mask, positions=policy_tokens
+                )[0]
             with self.module.disable_adapter():
-                return token_logprobs(self.module, mb.input_ids, mb.attention_mask)[0]
+                return token_logprobs(self.module, mb.input_ids, mb.attention_mask, positions=policy_tokens)[
+                    0
+                ]
 
     def train_step(
         self,

@@ -34,14 +34,17 @@ def micro_batch_loss(
     aggregation's ``denominator``, computed by the driver). With ``kl_coef > 0``
     the KL is to ``ref_logprobs`` (the frozen initial policy) and enters the loss; otherwise
     ``kl_sum`` measures the drift from the sampling engine's policy (``mb.old_logprobs``), logged only.
+    Log-probs are computed at the policy tokens only (``positions``); every other position weighs 0.
 
     The learner takes one optimiser step per batch, so before it the learner's own log-probs *are*
     the old policy: with ``old_logprobs: learner`` the ratio is exactly 1 (its gradient is the
     policy gradient), and the engine's log-probs only measure the engine-learner gap
     (``engine_gap_sum``: bf16 engines and vLLM kernels round differently from the learner).
     """
-    logprobs, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, with_entropy=True)
     mask = mb.loss_mask
+    logprobs, entropy = token_logprobs(
+        model, mb.input_ids, mb.attention_mask, with_entropy=True, positions=mask > 0
+    )
     old = logprobs.detach() if cfg.old_logprobs == "learner" else mb.old_logprobs
     policy_loss = POLICY_LOSSES.build(cfg.policy_loss, cfg)
     kl_estimator = KL_ESTIMATORS.build(cfg.kl_estimator, cfg)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from selective_rollout.config import load_config
+from selective_rollout.precision import engine_dtype
 from selective_rollout.records import Outcome, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
 
@@ -62,7 +63,7 @@ def test_an_engine_killed_mid_rollout_is_replaced_and_the_run_finishes(ray_clust
     try:
         report = trainer.run()
         after_engine = ray.get(trainer.engines[0].weights_checksum.remote())
-        after_learner = trainer.learner.weights_checksum(cfg.engine.dtype)
+        after_learner = trainer.learner.weights_checksum(engine_dtype(cfg.engine.dtype, "cpu"))
         new_pid = ray.get(trainer.engines[0].location.remote())["pid"]
     finally:
         trainer.close()

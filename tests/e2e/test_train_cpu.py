@@ -9,6 +9,7 @@ import pytest
 
 from selective_rollout.config import load_config
 from selective_rollout.gate.evaluate import main as gate_evaluate
+from selective_rollout.precision import engine_dtype
 from selective_rollout.records import read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
 
@@ -56,8 +57,8 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
         before = ray.get(trainer.engines[0].weights_checksum.remote())
         report = trainer.run()
         after_engine = ray.get(trainer.engines[0].weights_checksum.remote())
-        engine_dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else None
-        after_learner = trainer.learner.weights_checksum(engine_dtype)
+        dtype = engine_dtype(cfg.engine.dtype, "cpu")
+        after_learner = trainer.learner.weights_checksum(dtype if dtype != "auto" else None)
     finally:
         trainer.close()
     # closing frees the engines even though this test still holds their handles

@@ -173,7 +173,7 @@ def test_switching_backend_over_a_profile_drops_the_profiles_keys_of_the_replace
     assert load_config(profile).engine.threads == 2
     cfg = load_config(profile, ["engine.backend=vllm", "engine.tensor_parallel_size=1"])
     assert set(cfg.engine.model_extra or {}) == set(engine_class("vllm").Params.model_fields)
-    assert cfg.engine.dtype == "bfloat16"  # shared keys of the profile stay
+    assert cfg.engine.dtype == "bfloat16-if-native"  # shared keys of the profile stay
     with pytest.raises(ConfigError, match=r"engine\.threads: back-end 'vllm' has no such parameter"):
         load_config(profile, ["engine.backend=vllm", "engine.threads=2"])
 

@@ -6,6 +6,7 @@ import pytest
 import ray
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
+from selective_rollout.precision import native_bf16
 from selective_rollout.trainer import LearnerGroup, latest_checkpoint
 from tests.trainer.conftest import make_batch
 from tests.trainer.engine_double import EngineDouble
@@ -77,6 +78,16 @@ def test_bf16_mixed_runs_the_forward_in_bf16_over_fp32_weights(ray_cluster, tiny
         assert m["train/grad_norm"] > 0 and math.isfinite(m["train/loss"])
         assert mixed.weights_checksum() != start
         assert mixed.weights_checksum() != mixed.weights_checksum(dtype="bfloat16")  # still fp32
+        if_native = LearnerGroup(
+            TrainerConfig(lr=1e-3, micro_batch_tokens=64, precision="bf16-mixed-if-native"),
+            tiny_model_dir,
+            seed=1,
+        )
+        try:  # resolved in the learner's own process, on its device: it scores like what it chose
+            chosen = if_native.logprobs(probe)
+            assert chosen == (rounded if native_bf16("cpu") else exact)
+        finally:
+            if_native.shutdown()
     finally:
         fp32.shutdown()
         mixed.shutdown()

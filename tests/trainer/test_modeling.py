@@ -107,3 +107,34 @@ def test_chunked_logprobs_equal_the_whole_softmax(tiny_model_dir, chunk):
     torch.testing.assert_close(got_entropy, want_entropy.detach())
     for p, g in zip(model.parameters(), want_grad, strict=True):
         torch.testing.assert_close(p.grad, g)
+
+
+def test_logprobs_at_named_positions_equal_the_full_ones_there_and_zero_elsewhere(tiny_model_dir):
+    """The vocabulary projection restricted to the policy tokens changes neither their log-probs,
+    entropy nor the gradient of a masked loss; every other position reads 0."""
+    from selective_rollout.trainer.modeling import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    attention = torch.ones_like(ids)
+    attention[1, 9:] = 0
+    positions = torch.zeros((2, 11), dtype=torch.bool)
+    positions[0, [3, 4, 8]] = True
+    positions[1, [5, 6]] = True
+
+    def masked_loss_and_grads(**kwargs):
+        model.zero_grad()
+        logp, entropy = token_logprobs(model, ids, attention, with_entropy=True, chunk_tokens=4, **kwargs)
+        (logp * positions).sum().backward()
+        return logp.detach(), entropy, [p.grad.clone() for p in model.parameters()]
+
+    full, full_entropy, full_grads = masked_loss_and_grads()
+    some, some_entropy, some_grads = masked_loss_and_grads(positions=positions)
+    columns = positions.any(0)
+    torch.testing.assert_close(some[:, columns], full[:, columns])
+    torch.testing.assert_close(some_entropy[:, columns], full_entropy[:, columns])
+    assert (some[:, ~columns] == 0).all() and (some_entropy[:, ~columns] == 0).all()
+    for got, want in zip(some_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    none_named, _ = token_logprobs(model, ids, attention, positions=torch.zeros_like(positions))
+    torch.testing.assert_close(none_named.detach(), full)

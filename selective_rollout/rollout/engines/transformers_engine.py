@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.base import (
     BackendParams,
@@ -243,7 +244,10 @@ class TransformersEngine(RolloutEngine):
         self.cfg = cfg
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else "auto"
+        resolved = engine_dtype(cfg.dtype, this_device_type())
+        if resolved != cfg.dtype:
+            log.info("engine.dtype %s: %s on this %s", cfg.dtype, resolved, this_device_type())
+        dtype = getattr(torch, resolved) if resolved != "auto" else "auto"
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_path, dtype=dtype, attn_implementation=grouped_attention.register()
         ).eval()

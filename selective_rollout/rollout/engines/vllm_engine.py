@@ -21,6 +21,7 @@ import torch
 from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines.base import (
     BackendParams,
     BusyClock,
@@ -81,7 +82,7 @@ class VLLMEngine(RolloutEngine):
             enforce_eager=params.enforce_eager,
             enable_prefix_caching=params.enable_prefix_caching,
             seed=cfg.seed,
-            dtype="auto" if cfg.dtype == "auto" else cfg.dtype,
+            dtype=engine_dtype(cfg.dtype, this_device_type()),
             worker_extension_cls=WORKER_EXTENSION,
         )
         self.engine = AsyncLLM.from_engine_args(args)
