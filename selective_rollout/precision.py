@@ -24,7 +24,10 @@ def native_bf16(device_type: str) -> bool:
     if device_type != "cpu":
         return False
     if platform.machine().lower() in ("aarch64", "arm64"):
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        try:  # a build without oneDNN (macOS wheels, say) lacks the op: no native bf16 we can use
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
     probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
     return any(bool(getattr(torch.cpu, probe, lambda: False)()) for probe in probes)
 

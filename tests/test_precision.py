@@ -30,6 +30,17 @@ def test_an_x86_cpu_is_native_with_amx_or_avx512_bf16_only(monkeypatch, amx, avx
     assert native_bf16("cpu") is native
 
 
+def test_an_arm_cpu_asks_onednn_and_a_build_without_it_is_not_native(monkeypatch):
+    monkeypatch.setattr(precision.platform, "machine", lambda: "arm64")
+
+    class NoOneDNN:
+        def __getattr__(self, name):
+            raise AttributeError(name)
+
+    monkeypatch.setattr(precision.torch.ops, "mkldnn", NoOneDNN())
+    assert native_bf16("cpu") is False
+
+
 def test_an_engine_on_a_cpu_without_native_bf16_loads_float32(monkeypatch, smollm2_path):
     from selective_rollout.config.engine import EngineConfig
     from selective_rollout.rollout.engines.transformers_engine import TransformersEngine
