@@ -17,6 +17,11 @@ stream, back to back, and the script prints ratios:
    environments in a loop where ours are Ray workers.
 3. refill on, dapo vs selective+dapo: wall-clock per informative (non-zero-variance) group
    delivered (target >= 30% less).
+4. jump-forward decoding (gate off): the profile's engine against a second one that feeds one
+   token per forward (``engine.decode_chunk_tokens=1``), arms alternating over ``--rounds``, the
+   same tasks. Given the same seed and batch the two decode the same tokens (the tests check it);
+   in a rollout the arms' batches differ, so their trajectories differ a little (compare their
+   step-tokens). Printed: env steps/s and the engine's decode forwards per env step.
 
     python bench/rollout_ab.py [--tasks 8] [--config configs/cpu_default.yaml] [overrides ...]
 
@@ -96,7 +101,8 @@ def main() -> None:
     )
     parser.add_argument("--config", default="configs/cpu_default.yaml")
     parser.add_argument("--tasks", type=int, default=8)
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: gate,lockstep,dapo")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: gate,lockstep,dapo,jump")
+    parser.add_argument("--rounds", type=int, default=1, help="alternations of the two arms of part 4")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -173,6 +179,35 @@ def main() -> None:
                 f"  not measurable on this stream: informative groups delivered: dapo {dapo['informative']}, "
                 f"selective+dapo {both['informative']} (raise --tasks or use a policy with more mixed groups)"
             )
+    if "jump" not in skip and base.engine.backend != "transformers":
+        backend = base.engine.backend
+        print(f"\n[4] jump-forward decoding: skipped (the {backend} engine has no decode_chunk_tokens)")
+    elif "jump" not in skip:
+        print("\n[4] jump-forward decoding: forced runs fed at once vs one token per forward (gate off)")
+        common = ["rollout.strategy=none", "rollout.refill=false", f"rollout.groups_per_iteration={n}"]
+        stepped_engines = create_engines(
+            cfg("engine.decode_chunk_tokens=1").engine, model, base.engine.num_engines
+        )
+        arms = {"one token per forward": stepped_engines, "jump-forward (the profile's)": engines}
+        steps: dict[str, list[float]] = {name: [] for name in arms}
+        for _ in range(args.rounds):
+            for name, arm_engines in arms.items():
+                before = ray.get(arm_engines[0].health.remote())
+                res = run_arm(cfg(*common), arm_engines, model, tasks[:n], name)
+                after = ray.get(arm_engines[0].health.remote())
+                forwards = after["decode_forwards"] - before["decode_forwards"]
+                generated = after["generated_tokens"] - before["generated_tokens"]
+                forced = after["forced_tokens"] - before["forced_tokens"]
+                env_steps = res["metrics"]["rollout/env_steps"]
+                print(
+                    f"  {name}: {forwards / max(env_steps, 1):.2f} decode forwards per env step, "
+                    f"{generated / max(env_steps, 1):.1f} tokens per reply, "
+                    f"{forced / max(generated, 1):.0%} forced"
+                )
+                steps[name].append(res["metrics"]["system/env_steps_per_s"])
+        slow, fast = (sum(v) / len(v) for v in steps.values())
+        print(f"  env steps/s: {slow:.2f} -> {fast:.2f}, x{fast / max(slow, 1e-9):.2f}")
+        ray.get([e.shutdown.remote() for e in stepped_engines])
     ray.get([e.shutdown.remote() for e in engines])
 
 

@@ -126,6 +126,60 @@ def test_constrained_choice_tells_prefix_choices_apart(hf_engine):
     assert {o.text for o in c.outputs} == set(choices)
 
 
+def test_forced_runs_are_fed_in_one_forward_with_the_logprobs_of_token_by_token(hf_engine, monkeypatch):
+    """Where a choice leaves one legal token the engine takes it unsampled and feeds the run at
+    once: the same outputs for the same seed as one token per forward, far fewer forwards, and the
+    log-probs of a teacher-forced pass."""
+    choices = ["take the red apple 1 from the countertop 2", "look"]
+    ids = hf_engine._prompt_ids("x", MSGS)
+
+    def play(tag: str) -> tuple[list, int]:
+        before = run(hf_engine.health())["decode_forwards"]
+        sp = SamplingParams(n=4, max_tokens=30, seed=8, temperature=2.0, choices=choices)
+        c = run(hf_engine.generate(tag, MSGS, sp))
+        return c.outputs, run(hf_engine.health())["decode_forwards"] - before
+
+    chunked, chunked_forwards = play("jump")
+    monkeypatch.setattr(hf_engine.params, "decode_chunk_tokens", 1)
+    stepped, stepped_forwards = play("step")
+    assert [o.token_ids for o in chunked] == [o.token_ids for o in stepped]
+    assert {o.text for o in chunked} == set(choices)  # both branches taken, then forced
+    longest = max(len(o.token_ids) for o in chunked)
+    assert stepped_forwards == longest - 1 and chunked_forwards <= 2 < longest - 1
+    for a, b in zip(chunked, stepped, strict=True):
+        assert a.finish_reason == b.finish_reason == "stop"
+        ref = teacher_forced(hf_engine, ids, a.token_ids)
+        torch.testing.assert_close(torch.tensor(a.logprobs), ref, atol=2e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(b.logprobs), ref, atol=2e-4, rtol=0)
+
+
+def test_a_session_after_chunked_decoding_reuses_exact_kv(hf_engine, smollm2_tokenizer):
+    """Rows fed runs of different lengths in one forward leave masked padding inside the batch's
+    KV; what a session keeps is its own tokens only, so its next turn scores as a fresh pass."""
+    p1 = prompt_ids(smollm2_tokenizer, "You are in a kitchen. What do you do?")
+    p2 = prompt_ids(smollm2_tokenizer, "You are in a garden. Say something short.")
+    long_choice = ["open the fridge 1 and then look at it closely", "go to the fridge 1"]
+
+    async def first_turn():
+        return await asyncio.gather(
+            hf_engine.generate(
+                "h-a", p1, SamplingParams(max_tokens=30, seed=1, choices=long_choice), "hole-a"
+            ),
+            hf_engine.generate("h-b", p2, SamplingParams(max_tokens=6, seed=1), "hole-b"),
+        )
+
+    suffix = smollm2_tokenizer(
+        "\n<|im_start|>user\nNothing happens.<|im_end|>\n<|im_start|>assistant\n"
+    ).input_ids
+    for prompt, c, sid in zip((p1, p2), run(first_turn()), ("hole-a", "hole-b"), strict=True):
+        follow = prompt + c.outputs[0].token_ids + suffix
+        c2 = run(hf_engine.generate(f"{sid}-2", follow, SamplingParams(max_tokens=5, seed=2), session_id=sid))
+        assert c2.cached_prompt_tokens == len(prompt) + len(c.outputs[0].token_ids) - 1
+        ref = teacher_forced(hf_engine, follow, c2.outputs[0].token_ids)
+        torch.testing.assert_close(torch.tensor(c2.outputs[0].logprobs), ref, atol=2e-4, rtol=0)
+    run(hf_engine.release(["hole-a", "hole-b"]))
+
+
 def test_abort_ends_a_running_request_at_once(hf_engine):
     long_choice = ["go " * 400]  # forces ~400 tokens without an end-of-turn
 

@@ -60,12 +60,13 @@ class _Request:
     seqs: list[_Seq] = field(default_factory=list)
 
     def completion(self, tokenizer: Any) -> Completion:
+        # an output aborted before its forced tokens were scored ends at its last scored token
         outputs = [
             CompletionOutput(
                 index=s.index,
-                token_ids=list(s.tokens),
+                token_ids=s.tokens[: len(s.logprobs)],
                 logprobs=list(s.logprobs),
-                text=tokenizer.decode(s.tokens, skip_special_tokens=True),
+                text=tokenizer.decode(s.tokens[: len(s.logprobs)], skip_special_tokens=True),
                 finish_reason=s.finish_reason or "abort",
             )
             for s in self.seqs
@@ -75,7 +76,13 @@ class _Request:
 
 @dataclass(eq=False)
 class _Seq:
-    """One sampled output while it decodes; ``tokens[-1]`` is not yet in the KV cache."""
+    """One sampled output while it decodes.
+
+    The KV cache holds ``tokens[:fed]``; the rest is fed by the next decode forwards. The
+    log-probs of ``tokens[:fed + 1]`` are known: a token's log-prob comes from the logits at the
+    position before it, so the tokens a constrained choice forced (``_force``) get theirs when the
+    forward that feeds them runs. ``ending`` is the finish reason of an output whose last token
+    is decided but whose forced tokens still wait for their log-probs."""
 
     req: _Request
     index: int
@@ -84,6 +91,14 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    fed: int = 0
+    ending: str | None = None
+
+    def to_feed(self, limit: int) -> list[int]:
+        """The next at most ``limit`` tokens for the KV cache: up to the last one, whose logits
+        choose what follows; an ending output stops before its last token (nothing follows it)."""
+        end = len(self.tokens) - (1 if self.ending else 0)
+        return self.tokens[self.fed : min(end, self.fed + limit)]
 
 
 @dataclass(eq=False)
@@ -196,9 +211,14 @@ class _Batch:
         )
 
     def row_kv(self, row: int) -> KV:
-        """The unpadded KV of one row (views; the store clones what it keeps)."""
-        pad = int((self.mask[row] == 0).sum())
-        return [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in self.kv]
+        """The unpadded KV of one row (the store clones what it keeps): its real columns, the left
+        padding and the padding of decode forwards wider than the row's own tokens left out."""
+        real = self.mask[row].nonzero().squeeze(1)
+        first, count = int(real[0]), len(real)
+        if int(real[-1]) - first + 1 == count:  # contiguous: views
+            cols = slice(first, first + count)
+            return [(k[row : row + 1, :, cols], v[row : row + 1, :, cols]) for k, v in self.kv]
+        return [(k[row : row + 1, :, real], v[row : row + 1, :, real]) for k, v in self.kv]
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -226,6 +246,13 @@ class TransformersParams(BackendParams):
     kv_cache_tokens: int = Field(65536, ge=0, description="session KV kept across turns (tokens)")
     prefill_batch_size: int = Field(
         16, ge=1, description="requests arriving together prefilled in one forward (1: one at a time)"
+    )
+    decode_chunk_tokens: int = Field(
+        8,
+        ge=1,
+        description="tokens a sequence may feed in one decode forward: where a constrained choice "
+        "leaves one legal next token, the engine takes it without a forward of its own and feeds "
+        "the forced run at once (1: one token per forward)",
     )
 
 
@@ -265,6 +292,8 @@ class TransformersEngine(RolloutEngine):
         self._closed = False
         self._stats = {
             "generated_tokens": 0,
+            "forced_tokens": 0,  # of those, taken without sampling (a constrained choice's only legal token)
+            "decode_forwards": 0,
             "prefilled_tokens": 0,  # prompt tokens run through the model (the uncached suffixes)
             "padded_prefill_tokens": 0,  # the same with the padding of batched prefills
             "prefill_forwards": 0,  # forwards that prefilled (one per batch of requests admitted together)
@@ -636,11 +665,20 @@ class TransformersEngine(RolloutEngine):
         return live, [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in prompt_kv]
 
     def _decode(self) -> None:
+        """One forward over every row's next tokens (one, or a run a constrained choice forced),
+        right-padded to the widest: log-probs for the forced tokens, a sampled token after the
+        last one. The padding columns stay in the KV, masked (``_Batch.row_kv`` skips them)."""
         batch = self._batch
         rows = len(batch.rows)
-        inputs = torch.tensor([[s.tokens[-1]] for s in batch.rows])
-        positions = batch.mask.sum(1, keepdim=True)
-        mask = torch.cat([batch.mask, torch.ones(rows, 1, dtype=torch.long)], dim=1)
+        chunks = [s.to_feed(self.params.decode_chunk_tokens) for s in batch.rows]
+        width = max(len(c) for c in chunks)
+        inputs = torch.zeros(rows, width, dtype=torch.long)
+        fresh = torch.zeros(rows, width, dtype=torch.long)
+        for r, chunk in enumerate(chunks):
+            inputs[r, : len(chunk)] = torch.tensor(chunk)
+            fresh[r, : len(chunk)] = 1
+        positions = batch.mask.sum(1, keepdim=True) + torch.arange(width)
+        mask = torch.cat([batch.mask, fresh], dim=1)
         out = self.model(
             input_ids=inputs,
             position_ids=positions,
@@ -649,10 +687,18 @@ class TransformersEngine(RolloutEngine):
             use_cache=True,
         )
         batch.cache, batch.kv, batch.mask = out.past_key_values, _kv_of(out.past_key_values), mask
-        logits = out.logits[:, -1].float()
-        for i, s in enumerate(batch.rows):
-            if s.finish_reason is None:
-                self._sample(s, logits[i])
+        self._stats["decode_forwards"] += 1
+        logits = out.logits.float()
+        for r, (s, chunk) in enumerate(zip(batch.rows, chunks, strict=True)):
+            s.fed += len(chunk)
+            for j in range(len(chunk) - 1 if s.fed == len(s.tokens) else len(chunk)):
+                # position j predicts token fed - len(chunk) + j + 1: a forced one
+                token = s.tokens[s.fed - len(chunk) + j + 1]
+                s.logprobs.append(float(logits[r, j, token] - logits[r, j].logsumexp(-1)))
+            if s.fed == len(s.tokens):
+                self._sample(s, logits[r, len(chunk) - 1])
+            elif s.ending and s.fed == len(s.tokens) - 1:
+                s.finish_reason = s.ending
 
     def _sample(self, seq: _Seq, logits: torch.Tensor) -> None:
         """Sample one token for ``seq``; record the model's own (untempered) log-prob of it."""
@@ -670,19 +716,41 @@ class TransformersEngine(RolloutEngine):
                 probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
             pick = int(torch.multinomial(probs, 1, generator=seq.generator))
         token = pick if allowed is None else int(allowed[pick])
-        seq.tokens.append(token)
         seq.logprobs.append(float(logprobs[token]))
+        self._emit(seq, token)
+        if seq.trie is None:
+            if token == self.eot_id or (sp.stop_token_ids and token in sp.stop_token_ids):
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= sp.max_tokens:
+                seq.finish_reason = "length"
+            return
+        self._force(seq)
+        reason = "stop" if seq.trie.done else "length" if len(seq.tokens) >= sp.max_tokens else None
+        if len(seq.logprobs) == len(seq.tokens):
+            seq.finish_reason = reason
+        else:  # forced tokens wait for their log-probs: one more forward
+            seq.ending = reason
+
+    def _force(self, seq: _Seq) -> None:
+        """Take the tokens a constrained choice leaves no alternative to (jump-forward decoding:
+        in ALFWorld commands about three tokens in four are forced, ``go`` -> `` to``). Sampling
+        from one legal token always picks it, so the outputs are those of token-by-token decoding;
+        only their log-probs come later, from the forward that feeds them."""
+        limit = seq.req.sampling.max_tokens
+        while not seq.trie.done and len(seq.tokens) < limit:
+            allowed = seq.trie.allowed()
+            if len(allowed) != 1:
+                return
+            self._emit(seq, allowed[0])
+            self._stats["forced_tokens"] += 1
+
+    def _emit(self, seq: _Seq, token: int) -> None:
+        seq.tokens.append(token)
         self._stats["generated_tokens"] += 1
         if seq.req.on_token is not None:
             seq.req.on_token(seq.index, token)
         if seq.trie is not None:
             seq.trie.advance(token)
-            if seq.trie.done:
-                seq.finish_reason = "stop"
-        elif token == self.eot_id or (sp.stop_token_ids and token in sp.stop_token_ids):
-            seq.finish_reason = "stop"
-        if seq.finish_reason is None and len(seq.tokens) >= sp.max_tokens:
-            seq.finish_reason = "length"
 
     def _retire(self) -> list[tuple[_Request, Completion]]:
         """Remove finished rows from the batch; return requests whose every output finished."""
@@ -696,7 +764,7 @@ class TransformersEngine(RolloutEngine):
             req = s.req
             if req.session_id is not None and req.sampling.n == 1 and s.finish_reason != "abort":
                 # The KV holds prompt + all generated tokens but the last (never fed back).
-                self._store.put(req.session_id, req.prompt + s.tokens[:-1], batch.row_kv(i))
+                self._store.put(req.session_id, req.prompt + s.tokens[: s.fed], batch.row_kv(i))
             finished_reqs[req] = None
         batch.keep(keep)
         return [
