@@ -180,6 +180,29 @@ def test_a_session_after_chunked_decoding_reuses_exact_kv(hf_engine, smollm2_tok
     run(hf_engine.release(["hole-a", "hole-b"]))
 
 
+def test_a_stream_aborted_inside_a_forced_run_adds_up_to_its_completion(hf_engine):
+    """Forced tokens are streamed once scored, so an output aborted before its forced run was fed
+    streamed exactly what its completion holds (token ids and log-probs of equal length)."""
+    forced = ["go " * 200]
+
+    async def go():
+        deltas, completion = [], None
+        stream = hf_engine.stream("fstream", MSGS, SamplingParams(max_tokens=400, choices=forced))
+        async for item in stream:
+            if hasattr(item, "outputs"):
+                completion = item
+            else:
+                deltas.append(item.text)
+                if len(deltas) == 2:
+                    await hf_engine.abort(["fstream"])
+        return deltas, completion
+
+    deltas, c = run(go())
+    out = c.outputs[0]
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 200
+    assert len(out.logprobs) == len(out.token_ids) and "".join(deltas) == out.text
+
+
 def test_abort_ends_a_running_request_at_once(hf_engine):
     long_choice = ["go " * 400]  # forces ~400 tokens without an end-of-turn
 

@@ -221,6 +221,14 @@ class _Batch:
         return [(k[row : row + 1, :, real], v[row : row + 1, :, real]) for k, v in self.kv]
 
 
+def _scored(seq: _Seq, logprob: float) -> None:
+    """Record the log-prob of ``seq``'s next unscored token and stream that token: a stream
+    carries only scored tokens, so what an aborted output streamed is what its completion holds."""
+    seq.logprobs.append(logprob)
+    if seq.req.on_token is not None:
+        seq.req.on_token(seq.index, seq.tokens[len(seq.logprobs) - 1])
+
+
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
     """Pad the sequence axis (dim 2 of KV, dim 1 of a mask) on the left up to ``width``."""
     dim = 2 if t.dim() == 4 else 1
@@ -694,7 +702,7 @@ class TransformersEngine(RolloutEngine):
             for j in range(len(chunk) - 1 if s.fed == len(s.tokens) else len(chunk)):
                 # position j predicts token fed - len(chunk) + j + 1: a forced one
                 token = s.tokens[s.fed - len(chunk) + j + 1]
-                s.logprobs.append(float(logits[r, j, token] - logits[r, j].logsumexp(-1)))
+                _scored(s, float(logits[r, j, token] - logits[r, j].logsumexp(-1)))
             if s.fed == len(s.tokens):
                 self._sample(s, logits[r, len(chunk) - 1])
             elif s.ending and s.fed == len(s.tokens) - 1:
@@ -716,8 +724,8 @@ class TransformersEngine(RolloutEngine):
                 probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
             pick = int(torch.multinomial(probs, 1, generator=seq.generator))
         token = pick if allowed is None else int(allowed[pick])
-        seq.logprobs.append(float(logprobs[token]))
         self._emit(seq, token)
+        _scored(seq, float(logprobs[token]))
         if seq.trie is None:
             if token == self.eot_id or (sp.stop_token_ids and token in sp.stop_token_ids):
                 seq.finish_reason = "stop"
@@ -747,8 +755,6 @@ class TransformersEngine(RolloutEngine):
     def _emit(self, seq: _Seq, token: int) -> None:
         seq.tokens.append(token)
         self._stats["generated_tokens"] += 1
-        if seq.req.on_token is not None:
-            seq.req.on_token(seq.index, token)
         if seq.trie is not None:
             seq.trie.advance(token)
 
