@@ -81,8 +81,7 @@ class _Seq:
     The KV cache holds ``tokens[:fed]``; the rest is fed by the next decode forwards. The
     log-probs of ``tokens[:fed + 1]`` are known: a token's log-prob comes from the logits at the
     position before it, so the tokens a constrained choice forced (``_force``) get theirs when the
-    forward that feeds them runs. ``ending`` is the finish reason of an output whose last token
-    is decided but whose forced tokens still wait for their log-probs."""
+    forward that feeds them runs."""
 
     req: _Request
     index: int
@@ -92,12 +91,21 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     fed: int = 0
-    ending: str | None = None
+
+    def decided(self) -> str | None:
+        """How a constrained output ends once its tokens are scored: "stop" when its choice is
+        complete, "length" at ``max_tokens``, None while it goes on (an unconstrained output
+        finishes as it samples, with nothing left to score)."""
+        if self.trie is None:
+            return None
+        if self.trie.done:
+            return "stop"
+        return "length" if len(self.tokens) >= self.req.sampling.max_tokens else None
 
     def to_feed(self, limit: int) -> list[int]:
         """The next at most ``limit`` tokens for the KV cache: up to the last one, whose logits
-        choose what follows; an ending output stops before its last token (nothing follows it)."""
-        end = len(self.tokens) - (1 if self.ending else 0)
+        choose what follows; a decided output stops before its last token (nothing follows it)."""
+        end = len(self.tokens) - (1 if self.decided() else 0)
         return self.tokens[self.fed : min(end, self.fed + limit)]
 
 
@@ -705,8 +713,8 @@ class TransformersEngine(RolloutEngine):
                 _scored(s, float(logits[r, j, token] - logits[r, j].logsumexp(-1)))
             if s.fed == len(s.tokens):
                 self._sample(s, logits[r, len(chunk) - 1])
-            elif s.ending and s.fed == len(s.tokens) - 1:
-                s.finish_reason = s.ending
+            elif s.fed == len(s.tokens) - 1:  # every token scored: a decided output ends here
+                s.finish_reason = s.decided()
 
     def _sample(self, seq: _Seq, logits: torch.Tensor) -> None:
         """Sample one token for ``seq``; record the model's own (untempered) log-prob of it."""
@@ -733,11 +741,8 @@ class TransformersEngine(RolloutEngine):
                 seq.finish_reason = "length"
             return
         self._force(seq)
-        reason = "stop" if seq.trie.done else "length" if len(seq.tokens) >= sp.max_tokens else None
-        if len(seq.logprobs) == len(seq.tokens):
-            seq.finish_reason = reason
-        else:  # forced tokens wait for their log-probs: one more forward
-            seq.ending = reason
+        if len(seq.logprobs) == len(seq.tokens):  # else the forward that scores the forced run ends it
+            seq.finish_reason = seq.decided()
 
     def _force(self, seq: _Seq) -> None:
         """Take the tokens a constrained choice leaves no alternative to (jump-forward decoding:
