@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from selective_rollout.rollout.engines import EngineError, SamplingParams
+from selective_rollout.rollout.engines import EngineError, SamplingParams, transformers_engine
 from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
@@ -172,12 +172,39 @@ def test_a_session_after_chunked_decoding_reuses_exact_kv(hf_engine, smollm2_tok
         "\n<|im_start|>user\nNothing happens.<|im_end|>\n<|im_start|>assistant\n"
     ).input_ids
     for prompt, c, sid in zip((p1, p2), run(first_turn()), ("hole-a", "hole-b"), strict=True):
+        # "hole-b" decodes on after "hole-a" retires, over a KV whose hole columns were dropped
+        first = teacher_forced(hf_engine, prompt, c.outputs[0].token_ids)
+        torch.testing.assert_close(torch.tensor(c.outputs[0].logprobs), first, atol=2e-4, rtol=0)
         follow = prompt + c.outputs[0].token_ids + suffix
         c2 = run(hf_engine.generate(f"{sid}-2", follow, SamplingParams(max_tokens=5, seed=2), session_id=sid))
         assert c2.cached_prompt_tokens == len(prompt) + len(c.outputs[0].token_ids) - 1
         ref = teacher_forced(hf_engine, follow, c2.outputs[0].token_ids)
         torch.testing.assert_close(torch.tensor(c2.outputs[0].logprobs), ref, atol=2e-4, rtol=0)
     run(hf_engine.release(["hole-a", "hole-b"]))
+
+
+def test_retiring_a_row_drops_the_columns_no_kept_row_attends_to():
+    """A decode forward as wide as one row's forced run leaves padding columns in the others' KV;
+    once that row is gone nobody attends to them, so ``keep`` drops them with the left padding."""
+    mask = torch.tensor(
+        [
+            [0, 1, 1, 1, 1, 1, 1, 1],  # the row that fed a run of 4 (columns 3-6), then 1
+            [0, 0, 1, 1, 0, 0, 0, 1],  # fed 1 token in each of those forwards
+            [0, 1, 1, 1, 0, 0, 0, 1],
+        ]
+    )
+    batch = transformers_engine._Batch()
+    batch.rows = ["wide", "b", "c"]
+    kv = torch.arange(3 * 8, dtype=torch.float).reshape(3, 1, 8, 1)
+    batch.set_kv([(kv, -kv)])
+    batch.mask = mask
+    batch.keep([1, 2])
+    assert batch.rows == ["b", "c"]
+    assert batch.mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
+    keys, values = batch.kv[0]
+    assert keys[:, 0, :, 0].tolist() == [[9, 10, 11, 15], [17, 18, 19, 23]]
+    torch.testing.assert_close(values, -keys)
+    assert [k.tolist() for k, _ in batch.row_kv(0)] == [[[[[10.0], [11.0], [15.0]]]]]
 
 
 def test_a_stream_aborted_inside_a_forced_run_adds_up_to_its_completion(hf_engine):
@@ -341,8 +368,6 @@ def test_a_request_failing_at_admission_leaves_its_neighbours_alone(hf_engine, m
 
 
 def test_a_failed_step_answers_every_request_even_those_being_admitted(hf_engine, monkeypatch):
-    from selective_rollout.rollout.engines import transformers_engine
-
     def broken_add(self, groups):  # fails after the requests left the queue, before the batch
         raise RuntimeError("out of memory")
 

@@ -196,7 +196,9 @@ class _Batch:
         self.rows = [seq for seqs, _, _ in parts for seq in seqs]
 
     def keep(self, keep: list[int]) -> None:
-        """Drop every row not in ``keep`` and trim the padding columns nobody needs any more."""
+        """Drop every row not in ``keep`` and every column no kept row attends to: the left padding,
+        and the padding of decode forwards as wide as a forced run of a row now gone (positions
+        come from the mask's row sums, so a column nobody attends to is safe to drop)."""
         if len(keep) == len(self.rows):
             return
         self.rows = [self.rows[i] for i in keep]
@@ -206,13 +208,15 @@ class _Batch:
             return
         idx = torch.tensor(keep)
         mask = self.mask.index_select(0, idx)
-        start = int((mask.sum(0) > 0).long().argmax())
-        self.mask = mask[:, start:].contiguous()
+        used = mask.any(0).nonzero().squeeze(1)
+        first, last = int(used[0]), int(used[-1])
+        cols: slice | torch.Tensor = slice(first, last + 1) if last - first + 1 == len(used) else used
+        self.mask = mask[:, cols].contiguous()
         self.set_kv(
             [
                 (
-                    k.index_select(0, idx)[:, :, start:].contiguous(),
-                    v.index_select(0, idx)[:, :, start:].contiguous(),
+                    k.index_select(0, idx)[:, :, cols].contiguous(),
+                    v.index_select(0, idx)[:, :, cols].contiguous(),
                 )
                 for k, v in self.kv
             ]
