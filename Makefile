@@ -67,7 +67,7 @@ bench-regime: install
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
-# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; 64 min on 2 cores).
+# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; 30 min on 2 cores with AMX).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
