@@ -62,7 +62,7 @@ gpu-smoke:
 bench-regime: install
 	$(PY) bench/regime.py --tasks 24
 
-# The on-policy training A/B on the CPU profile (5 arms x 2 seeds, 49 min on 2 cores with AMX);
+# The on-policy training A/B on the CPU profile (5 arms x 2 seeds, 51 min on 2 cores with AMX);
 # results in runs/experiment-ab-cpu/experiment.md (docs/experiments.md).
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
