@@ -209,15 +209,10 @@ class _Batch:
         idx = torch.tensor(keep)
         mask = self.mask.index_select(0, idx)
         used = mask.any(0).nonzero().squeeze(1)
-        first, last = int(used[0]), int(used[-1])
-        cols: slice | torch.Tensor = slice(first, last + 1) if last - first + 1 == len(used) else used
-        self.mask = mask[:, cols].contiguous()
+        self.mask = mask.index_select(1, used)
         self.set_kv(
             [
-                (
-                    k.index_select(0, idx)[:, :, cols].contiguous(),
-                    v.index_select(0, idx)[:, :, cols].contiguous(),
-                )
+                (k.index_select(0, idx).index_select(2, used), v.index_select(0, idx).index_select(2, used))
                 for k, v in self.kv
             ]
         )
