@@ -112,8 +112,8 @@ def chunked_logprobs(model_dir: Path, device: str) -> str:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
     ids, mask = batch(model.config.vocab_size, device)
-    whole, _ = token_logprobs(model, ids, mask, chunk_tokens=10**9)
-    chunked, entropy = token_logprobs(model, ids, mask, with_entropy=True, chunk_tokens=64)
+    whole = token_logprobs(model, ids, mask, chunk_tokens=10**9).logprobs
+    chunked, entropy, _ = token_logprobs(model, ids, mask, with_entropy=True, chunk_tokens=64)
     chunked.sum().backward()
     err = (whole - chunked).abs().max().item()
     assert err < 1e-3 and entropy is not None and all(p.grad is not None for p in model.parameters())

@@ -117,7 +117,7 @@ def projection_at_policy_tokens(model_path: Path, batch: list[Experience], threa
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
             positions = mb.loss_mask > 0 if restricted else None
-            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, True, positions=positions)
+            logp = token_logprobs(model, mb.input_ids, mb.attention_mask, True, positions=positions).logprobs
         (-(logp * mb.loss_mask).sum()).backward()
         return time.perf_counter() - start
 

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -317,6 +317,9 @@ class Experience:
     old_logprobs: list[float]
     reward: float
     trajectory: int = 0  # index within the group: segments of one trajectory share it and its reward
+    # position -> the token ids a constrained choice allowed there (the sampled one among them);
+    # positions without an entry were sampled from the model's whole vocabulary
+    choice_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -325,9 +328,25 @@ class Experience:
                 f"experience {self.group_id}: token_ids ({n}), loss_mask ({len(self.loss_mask)}) "
                 f"and old_logprobs ({len(self.old_logprobs)}) must have one length"
             )
+        for pos, allowed in self.choice_sets.items():
+            if not 0 <= pos < n or self.token_ids[pos] not in allowed:
+                raise ValueError(
+                    f"experience {self.group_id}: choice set at position {pos} must hold the token "
+                    f"there (sequence of {n} tokens)"
+                )
         if not math.isfinite(self.reward):
             raise ValueError(f"experience {self.group_id}: reward must be finite, got {self.reward}")
 
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def without_forced_tokens(self) -> Experience:
+        """This experience with the tokens a constrained choice forced (one legal token) taken out of
+        the loss: under the constrained policy their probability is 1 whatever the weights, so they
+        carry no gradient and only dilute a per-token mean (about three reply tokens in four)."""
+        forced = {pos for pos, allowed in self.choice_sets.items() if len(allowed) == 1}
+        if not forced:
+            return self
+        mask = [0 if i in forced else m for i, m in enumerate(self.loss_mask)]
+        return replace(self, loss_mask=mask)

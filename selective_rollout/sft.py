@@ -113,7 +113,7 @@ def train_sft(
         for plan in bar:
             batch = [data[order[i]] for i in plan]
             mb = collate(batch, [0.0] * len(batch))
-            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, positions=mb.loss_mask > 0)
+            logp = token_logprobs(model, mb.input_ids, mb.attention_mask, positions=mb.loss_mask > 0).logprobs
             loss = -(logp * mb.loss_mask).sum() / mb.loss_mask.sum().clamp(min=1)
             optimizer.zero_grad()
             loss.backward()

@@ -53,6 +53,14 @@ class TrainerConfig(Section):
         "per batch (ratio exactly 1, no spurious clipping from bf16 or vLLM numerics); engine = the "
         "sampling engine's log-probs",
     )
+    constrained_logprobs: bool = Field(
+        True,
+        description="where a reply was decoded under constrained choice (agent.constrain_to_admissible), "
+        "train the policy that acted: log-probs renormalised over the tokens the choice allowed, and "
+        "the tokens it forced (one legal token: probability 1, no gradient) out of the loss; false "
+        "trains the unconstrained model on every reply token. Exact for the transformers engine; "
+        "vLLM's string-level grammar may allow more tokenisations than the canonical one scored here",
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the frozen initial policy")
     kl_estimator: str = Field("k3", description="per-token KL estimator: k1 or k3 (trainer/losses/kl.py)")
     # optimiser

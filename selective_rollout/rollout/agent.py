@@ -41,7 +41,15 @@ class Agent:
 
     def start(self, task: str, obs: str, admissible: Sequence[str]) -> Conversation:
         every_turn = self.cfg.admissible_in_prompt == "every_turn"
-        return Conversation(self.builder, self.cfg.history_turns, task, obs, admissible, every_turn)
+        return Conversation(
+            self.builder,
+            self.cfg.history_turns,
+            task,
+            obs,
+            admissible,
+            every_turn,
+            constrained=self.cfg.constrain_to_admissible,
+        )
 
     def sampling(self, admissible: Sequence[str], base: SamplingParams) -> SamplingParams:
         """``base`` restricted to the admissible commands when constrained choice is on."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from selective_rollout.records import Experience
+from selective_rollout.rollout.engines.trie import ChoiceTrie
 from selective_rollout.rollout.prompts import PromptBuilder, user_text
 
 
@@ -41,13 +42,19 @@ class Segment:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    choice_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)  # as ``Experience``'s
 
     def add_prompt(self, ids: Sequence[int]) -> None:
         self.token_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
 
-    def add_completion(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_completion(
+        self, ids: Sequence[int], logprobs: Sequence[float], choice_sets: Sequence[tuple[int, ...]] = ()
+    ) -> None:
+        """``choice_sets[i]``: what a constrained choice allowed before ``ids[i]`` (fewer sets than
+        ids: the rest was not constrained)."""
+        self.choice_sets.update(enumerate(choice_sets, start=len(self.token_ids)))
         self.token_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
@@ -70,10 +77,12 @@ class Conversation:
         obs: str,
         admissible: Sequence[str],
         list_every_turn: bool = True,
+        constrained: bool = False,
     ):
         self._builder = builder
         self._history_turns = history_turns
         self._list_every_turn = list_every_turn
+        self._constrained = constrained  # replies are decoded under constrained choice of a command
         self.task = task
         # user turns of the whole trajectory as (observation, admissible commands)
         self._turns: list[tuple[str, list[str]]] = [(obs, list(admissible))]
@@ -110,10 +119,23 @@ class Conversation:
         self, token_ids: Sequence[int], text: str, logprobs: Sequence[float] | None = None
     ) -> None:
         """Record the policy's reply to the current prompt: its ids count for the loss, with the
-        engine's ``logprobs`` (an expert's reply, cloned in the warm start, has none: 0.0)."""
+        engine's ``logprobs`` (an expert's reply, cloned in the warm start, has none: 0.0) and, when
+        decoding is constrained to the admissible commands, the ids the choice allowed at each
+        token (the trie the engines walk, rebuilt here), so the learner can train the policy that
+        acted rather than the unconstrained model."""
         if not self._awaiting_completion:
             raise RuntimeError("add_completion called twice without extend in between")
-        self.segments[-1].add_completion(token_ids, [0.0] * len(token_ids) if logprobs is None else logprobs)
+        admissible = self._turns[-1][1]
+        choice_sets = (
+            ChoiceTrie.of_texts(self._builder.tokenizer, admissible, self._builder.eot_id).allowed_along(
+                token_ids
+            )
+            if self._constrained and admissible
+            else []
+        )
+        self.segments[-1].add_completion(
+            token_ids, [0.0] * len(token_ids) if logprobs is None else logprobs, choice_sets
+        )
         self._replies.append(text)
         self._ended_turn = bool(token_ids) and token_ids[-1] == self._builder.eot_id
         self._awaiting_completion = False
@@ -152,6 +174,7 @@ class Conversation:
                 old_logprobs=list(seg.logprobs),
                 reward=reward,
                 trajectory=trajectory,
+                choice_sets=dict(seg.choice_sets),
             )
             for seg in self.segments
             if any(seg.loss_mask)

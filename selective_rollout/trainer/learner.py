@@ -23,7 +23,7 @@ from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
-from selective_rollout.trainer.objective import micro_batch_loss
+from selective_rollout.trainer.objective import acting_logprobs, micro_batch_loss
 from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
 from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
 
@@ -189,16 +189,11 @@ class LearnerWorker:
     # -- training ----------------------------------------------------------------------------
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """The frozen initial policy's log-probs at the micro-batch's policy tokens (0 elsewhere)."""
-        policy_tokens = mb.loss_mask > 0
         with torch.no_grad():
             if self.ref_model is not None:
-                return token_logprobs(
-                    self.ref_model, mb.input_ids, mb.attention_mask, positions=policy_tokens
-                )[0]
+                return acting_logprobs(self.ref_model, mb, self.cfg).logprobs
             with self.module.disable_adapter():
-                return token_logprobs(self.module, mb.input_ids, mb.attention_mask, positions=policy_tokens)[
-                    0
-                ]
+                return acting_logprobs(self.module, mb, self.cfg).logprobs
 
     def train_step(
         self,
@@ -240,7 +235,7 @@ class LearnerWorker:
         with torch.no_grad(), autocast(self.cfg, self.device):
             for ids in token_ids:
                 x = torch.tensor([ids], dtype=torch.long, device=self.device)
-                out.append(token_logprobs(self.module, x, torch.ones_like(x))[0][0].float().tolist())
+                out.append(token_logprobs(self.module, x, torch.ones_like(x)).logprobs[0].float().tolist())
         return out
 
     # -- weights -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -57,10 +58,33 @@ def load_policy(model_path: str | Path, cfg: TrainerConfig) -> torch.nn.Module:
 CHUNK_TOKENS = 1024
 
 
-def _chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) of one chunk, in fp32 (fp64 stays): gather minus log-sum-exp, no full softmax."""
+class TokenLogprobs(NamedTuple):
+    """Per predicted token (``[B, T-1]``): the model's log-prob of it; the entropy of the model's
+    next-token distribution (no grad; when asked); and, when choice sets were given, the log of
+    the probability mass the model puts on the tokens the choice allowed (0 where none was), so
+    that ``logprobs - allowed_mass`` is the log-prob under the constrained choice."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    allowed_mass: torch.Tensor | None = None
+
+
+def _chosen_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, choices: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) of one chunk, in fp32 (fp64 stays): gather minus log-sum-exp, no full softmax;
+    and the log-mass of each position's ``choices`` (ids padded with -1; no id: 0)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    total = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(-1, targets[..., None]).squeeze(-1) - total
+    if choices is None:
+        return chosen, torch.zeros_like(chosen)
+    listed = choices >= 0
+    # a finite floor, not -inf: a position with no choice then has a finite log-sum-exp (and a
+    # zero, not NaN, gradient once torch.where discards it)
+    picked = logits.gather(-1, choices.clamp(min=0)).masked_fill(~listed, torch.finfo(logits.dtype).min)
+    mass = torch.where(listed.any(-1), torch.logsumexp(picked, dim=-1) - total, 0.0)
+    return chosen, mass
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -76,8 +100,11 @@ def token_logprobs(
     with_entropy: bool = False,
     chunk_tokens: int = CHUNK_TOKENS,
     positions: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each next token, ``[B, T-1]``, and optionally the policy's entropy there (no grad).
+    choice_ids: torch.Tensor | None = None,
+) -> TokenLogprobs:
+    """Log-prob of each next token, ``[B, T-1]``, and optionally the policy's entropy there (no grad)
+    and the log-mass of the tokens a constrained choice allowed (``choice_ids``, ``[B, T-1, C]``
+    padded with -1, as ``MicroBatch.choice_ids``).
 
     ``positions`` (``[B, T-1]``, e.g. a loss mask) names the positions the caller reads: the
     vocabulary projection then runs only on the columns where some row needs it (the model's
@@ -99,13 +126,12 @@ def token_logprobs(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=columns
         ).logits
         targets = input_ids[:, columns + 1]
-    chosen, entropy = _chunked_logprobs(logits, targets, with_entropy, chunk_tokens)
+        choice_ids = None if choice_ids is None else choice_ids[:, columns]
+    out = _chunked_logprobs(logits, targets, choice_ids, with_entropy, chunk_tokens)
     if columns is None or len(columns) == 0:
-        return chosen, entropy
+        return out
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
-    return _at_columns(chosen, columns, shape), None if entropy is None else _at_columns(
-        entropy, columns, shape
-    )
+    return TokenLogprobs(*(None if t is None else _at_columns(t, columns, shape) for t in out))
 
 
 def _at_columns(values: torch.Tensor, columns: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -115,25 +141,30 @@ def _at_columns(values: torch.Tensor, columns: torch.Tensor, shape: tuple[int, i
 
 
 def _chunked_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, chunk_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    choice_ids: torch.Tensor | None,
+    with_entropy: bool,
+    chunk_tokens: int,
+) -> TokenLogprobs:
     step = max(1, chunk_tokens // max(1, logits.shape[0]))
     spans = [(s, min(s + step, logits.shape[1])) for s in range(0, logits.shape[1], step)]
     checkpointed = torch.is_grad_enabled() and logits.requires_grad and len(spans) > 1
-    chosen = torch.cat(
-        [
-            checkpoint(_chosen_logprobs, logits[:, a:b], targets[:, a:b], use_reentrant=False)
-            if checkpointed
-            else _chosen_logprobs(logits[:, a:b], targets[:, a:b])
-            for a, b in spans
-        ],
-        dim=1,
-    )
+    parts = [
+        (logits[:, a:b], targets[:, a:b], None if choice_ids is None else choice_ids[:, a:b])
+        for a, b in spans
+    ]
+    chunks = [
+        checkpoint(_chosen_logprobs, *part, use_reentrant=False) if checkpointed else _chosen_logprobs(*part)
+        for part in parts
+    ]
+    chosen = torch.cat([c for c, _ in chunks], dim=1)
+    mass = None if choice_ids is None else torch.cat([m for _, m in chunks], dim=1)
     if not with_entropy:
-        return chosen, None
+        return TokenLogprobs(chosen, None, mass)
     with torch.no_grad():
         entropy = torch.cat([_entropy(logits[:, a:b]) for a, b in spans], dim=1)
-    return chosen, entropy
+    return TokenLogprobs(chosen, entropy, mass)
 
 
 def hf_model(model: torch.nn.Module) -> PreTrainedModel:

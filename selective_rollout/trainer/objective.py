@@ -13,11 +13,30 @@ import torch
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from selective_rollout.trainer.modeling import token_logprobs
+from selective_rollout.trainer.modeling import TokenLogprobs, token_logprobs
 from selective_rollout.trainer.packing import MicroBatch
 
 RefLogprobs = Callable[[MicroBatch], torch.Tensor]
 ZERO_ADV = 1e-12
+
+
+def acting_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, cfg: TrainerConfig, with_entropy: bool = False
+) -> TokenLogprobs:
+    """``model``'s log-probs at the micro-batch's policy tokens under the policy that acted: with
+    ``trainer.constrained_logprobs``, renormalised over what a constrained choice allowed (its
+    ``allowed_mass`` already taken off ``logprobs``); else the model's own."""
+    out = token_logprobs(
+        model,
+        mb.input_ids,
+        mb.attention_mask,
+        with_entropy=with_entropy,
+        positions=mb.loss_mask > 0,
+        choice_ids=mb.choice_ids if cfg.constrained_logprobs else None,
+    )
+    if out.allowed_mass is None:
+        return out
+    return out._replace(logprobs=out.logprobs - out.allowed_mass)
 
 
 def micro_batch_loss(
@@ -35,6 +54,9 @@ def micro_batch_loss(
     the KL is to ``ref_logprobs`` (the frozen initial policy) and enters the loss; otherwise
     ``kl_sum`` measures the drift from the sampling engine's policy (``mb.old_logprobs``), logged only.
     Log-probs are computed at the policy tokens only (``positions``); every other position weighs 0.
+    They are the acting policy's (``acting_logprobs``); the engine's log-probs are the model's
+    unconstrained ones, so they are moved onto the constrained choice by the learner's log-mass of
+    the allowed tokens (a constant: it leaves the engine-learner gap and the drift as they were).
 
     The learner takes one optimiser step per batch, so before it the learner's own log-probs *are*
     the old policy: with ``old_logprobs: learner`` the ratio is exactly 1 (its gradient is the
@@ -42,10 +64,9 @@ def micro_batch_loss(
     (``engine_gap_sum``: bf16 engines and vLLM kernels round differently from the learner).
     """
     mask = mb.loss_mask
-    logprobs, entropy = token_logprobs(
-        model, mb.input_ids, mb.attention_mask, with_entropy=True, positions=mask > 0
-    )
-    old = logprobs.detach() if cfg.old_logprobs == "learner" else mb.old_logprobs
+    logprobs, entropy, allowed_mass = acting_logprobs(model, mb, cfg, with_entropy=True)
+    engine = mb.old_logprobs if allowed_mass is None else mb.old_logprobs - allowed_mass.detach() * mask
+    old = logprobs.detach() if cfg.old_logprobs == "learner" else engine
     policy_loss = POLICY_LOSSES.build(cfg.policy_loss, cfg)
     kl_estimator = KL_ESTIMATORS.build(cfg.kl_estimator, cfg)
     per_token, clipped = policy_loss(logprobs, old, mb.advantages)
@@ -55,7 +76,7 @@ def micro_batch_loss(
         kl = kl_estimator(logprobs - ref_logprobs(mb))
         per_token = per_token + cfg.kl_coef * kl
     else:
-        kl = kl_estimator(logprobs.detach() - mb.old_logprobs)
+        kl = kl_estimator(logprobs.detach() - engine)
     weights = AGGREGATIONS.build(cfg.loss_agg, cfg).weights(mask.to(per_token.dtype), denominator)
     loss = (per_token * weights).sum()
     assert entropy is not None
@@ -66,7 +87,7 @@ def micro_batch_loss(
         "kl_sum": float((kl.detach() * mask).sum()),
         "entropy_sum": float((entropy * mask).sum()),
         "clip_sum": float((clipped * mask).sum()),
-        "engine_gap_sum": float(((logprobs.detach() - mb.old_logprobs).abs() * mask).sum()),
+        "engine_gap_sum": float(((logprobs.detach() - engine).abs() * mask).sum()),
         "signal_sq_sum": float(((weights * mb.advantages) ** 2).sum()),
         "padded_tokens": float(mb.padded_tokens),
         "tokens": float(mb.attention_mask.sum()),

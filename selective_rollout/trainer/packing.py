@@ -19,13 +19,18 @@ from selective_rollout.records import Experience
 
 @dataclass
 class MicroBatch:
-    """Right-padded ``[B, T]`` inputs; the ``[B, T-1]`` fields are aligned to the predicted token."""
+    """Right-padded ``[B, T]`` inputs; the ``[B, T-1]`` fields are aligned to the predicted token.
+
+    ``choice_ids`` (``[B, T-1, C]``) lists the ids a constrained choice allowed for each predicted
+    token, padded with -1 (all -1: sampled from the whole vocabulary).
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
+    choice_ids: torch.Tensor
 
     @property
     def padded_tokens(self) -> int:
@@ -70,6 +75,8 @@ def collate(batch: Sequence[Experience], advantages: Sequence[float], pad_id: in
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
     loss_mask = torch.zeros((len(batch), width - 1), dtype=torch.float32)
     old_logprobs = torch.zeros((len(batch), width - 1), dtype=torch.float32)
+    widest = max((len(a) for e in batch for a in e.choice_sets.values()), default=1)
+    choice_ids = torch.full((len(batch), width - 1, widest), -1, dtype=torch.long)
     for row, exp in enumerate(batch):
         check_experience(exp)
         n = len(exp.token_ids)
@@ -77,8 +84,13 @@ def collate(batch: Sequence[Experience], advantages: Sequence[float], pad_id: in
         attention_mask[row, :n] = 1
         loss_mask[row, : n - 1] = torch.tensor(exp.loss_mask[1:], dtype=torch.float32)
         old_logprobs[row, : n - 1] = torch.tensor(exp.old_logprobs[1:], dtype=torch.float32)
+        for pos, allowed in exp.choice_sets.items():
+            if pos > 0:  # position 0 is never predicted (nor a policy token: check_experience)
+                choice_ids[row, pos - 1, : len(allowed)] = torch.tensor(allowed, dtype=torch.long)
     adv = torch.tensor(list(advantages), dtype=torch.float32)[:, None].expand_as(loss_mask).contiguous()
-    return MicroBatch(input_ids, attention_mask, loss_mask, old_logprobs * loss_mask, adv * loss_mask)
+    return MicroBatch(
+        input_ids, attention_mask, loss_mask, old_logprobs * loss_mask, adv * loss_mask, choice_ids
+    )
 
 
 def empty_micro_batch(pad_id: int = 0) -> MicroBatch:
@@ -104,7 +116,14 @@ def per_step_segments(exp: Experience) -> list[Experience]:
             t += 1
         seg_mask = [0] * start + [1] * (t - start)
         seg_lp = [0.0] * start + list(exp.old_logprobs[start:t])
+        seg_sets = {pos: allowed for pos, allowed in exp.choice_sets.items() if start <= pos < t}
         segments.append(
-            replace(exp, token_ids=list(exp.token_ids[:t]), loss_mask=seg_mask, old_logprobs=seg_lp)
+            replace(
+                exp,
+                token_ids=list(exp.token_ids[:t]),
+                loss_mask=seg_mask,
+                old_logprobs=seg_lp,
+                choice_sets=seg_sets,
+            )
         )
     return segments

@@ -88,3 +88,37 @@ def test_a_generated_turn_is_frozen():
     turn = GeneratedTurn("look", True, "look", (1, 2), (-0.5, -0.25), prompt_tokens=10)
     with pytest.raises(dataclasses.FrozenInstanceError):
         turn.command = "go"  # type: ignore[misc]
+
+
+def test_constrained_replies_carry_what_the_choice_allowed_at_each_token(smollm2_tokenizer):
+    """With constrained choice, each reply token of the Experience names the ids the engine's trie
+    allowed before it: the commands' distinct first tokens, then one id wherever the command was
+    already decided; a reply that leaves the trie (a tokenisation the trie does not hold) keeps the
+    sets up to there; without constraint no token has a set."""
+    tok = smollm2_tokenizer
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    constrained = Agent(AgentConfig(history_turns=4, constrain_to_admissible=True), tok)
+    conv = constrained.start("put a mug in the fridge", "You are in a room.", ADMISSIBLE)
+    start = len(conv.prompt_ids)
+    ids = reply(tok, "go to cabinet 1")
+    conv.add_completion(ids, "go to cabinet 1", [-0.5] * len(ids))
+    conv.extend("Nothing happens.", ADMISSIBLE)
+    odd = [*tok("lo", add_special_tokens=False).input_ids, *tok("ok", add_special_tokens=False).input_ids]
+    second = len(conv.prompt_ids)
+    conv.add_completion(odd, "look", [-0.5] * len(odd))
+    (exp,) = conv.experiences("g", "t", "", reward=0.0)
+
+    firsts = {tok(c, add_special_tokens=False).input_ids[0] for c in ADMISSIBLE}
+    sets = [exp.choice_sets[start + i] for i in range(len(ids))]
+    assert set(sets[0]) == firsts and len(firsts) == 3
+    assert all(len(s) == 1 for s in sets[1:])  # "go" decides "go to cabinet 1" among these three
+    assert sets[-1] == (eot,)
+    assert {pos for pos in exp.choice_sets if pos >= second} <= {second}  # "lo" + "ok" leaves the trie
+    assert all(exp.loss_mask[pos] for pos in exp.choice_sets)
+
+    unconstrained = AgentConfig(
+        history_turns=4, constrain_to_admissible=False, admissible_in_prompt="every_turn"
+    )
+    free = Agent(unconstrained, tok).start("t", "o", ADMISSIBLE)
+    free.add_completion(ids, "go to cabinet 1", [-0.5] * len(ids))
+    assert free.experiences("g", "t", "", reward=0.0)[0].choice_sets == {}

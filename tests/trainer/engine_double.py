@@ -93,9 +93,9 @@ class EngineDouble:
     def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
         with torch.no_grad():
             return [
-                token_logprobs(self.model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0][
-                    0
-                ].tolist()
+                token_logprobs(self.model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+                .logprobs[0]
+                .tolist()
                 for ids in token_ids
             ]
 

@@ -142,7 +142,7 @@ def test_a_registered_toy_loss_is_selected_by_config_and_trains(model):
         loss.backward()
     got = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     model.zero_grad()
-    logprobs, _ = token_logprobs(model, mb.input_ids, mb.attention_mask)
+    logprobs = token_logprobs(model, mb.input_ids, mb.attention_mask).logprobs
     expected = (-2.0 * mb.advantages * logprobs * mb.loss_mask).sum() / denom
     expected.backward()
     want = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])

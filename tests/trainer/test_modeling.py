@@ -101,7 +101,7 @@ def test_chunked_logprobs_equal_the_whole_softmax(tiny_model_dir, chunk):
     want.sum().backward()
     want_grad = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    got, got_entropy = token_logprobs(model, ids, mask, with_entropy=True, chunk_tokens=chunk)
+    got, got_entropy, _ = token_logprobs(model, ids, mask, with_entropy=True, chunk_tokens=chunk)
     got.sum().backward()
     torch.testing.assert_close(got, want.detach())
     torch.testing.assert_close(got_entropy, want_entropy.detach())
@@ -124,7 +124,7 @@ def test_logprobs_at_named_positions_equal_the_full_ones_there_and_zero_elsewher
 
     def masked_loss_and_grads(**kwargs):
         model.zero_grad()
-        logp, entropy = token_logprobs(model, ids, attention, with_entropy=True, chunk_tokens=4, **kwargs)
+        logp, entropy, _ = token_logprobs(model, ids, attention, with_entropy=True, chunk_tokens=4, **kwargs)
         (logp * positions).sum().backward()
         return logp.detach(), entropy, [p.grad.clone() for p in model.parameters()]
 
@@ -136,5 +136,5 @@ def test_logprobs_at_named_positions_equal_the_full_ones_there_and_zero_elsewher
     assert (some[:, ~columns] == 0).all() and (some_entropy[:, ~columns] == 0).all()
     for got, want in zip(some_grads, full_grads, strict=True):
         torch.testing.assert_close(got, want)
-    none_named, _ = token_logprobs(model, ids, attention, positions=torch.zeros_like(positions))
+    none_named = token_logprobs(model, ids, attention, positions=torch.zeros_like(positions)).logprobs
     torch.testing.assert_close(none_named.detach(), full)

@@ -801,8 +801,7 @@ class TransformersEngine(RolloutEngine):
         key = tuple(choices)
         trie = self._tries.get(key)
         if trie is None:
-            seqs = [[*self.tokenizer(c, add_special_tokens=False).input_ids, self.eot_id] for c in choices]
-            trie = ChoiceTrie(seqs)
+            trie = ChoiceTrie.of_texts(self.tokenizer, choices, self.eot_id)
             if len(self._tries) > 1024:
                 self._tries.clear()
             self._tries[key] = trie

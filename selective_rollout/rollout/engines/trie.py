@@ -8,6 +8,7 @@ of the choices (``go to cabinet 1`` ends where ``go to cabinet 10`` continues).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class ChoiceTrie:
@@ -22,6 +23,25 @@ class ChoiceTrie:
             for tok in seq:
                 node = node.setdefault(int(tok), {})
         self._node = self._root
+
+    @classmethod
+    def of_texts(cls, tokenizer: Any, choices: Sequence[str], eot_id: int) -> ChoiceTrie:
+        """The trie of ``choices`` as the engines constrain them: each tokenised without special
+        tokens and closed with ``eot_id`` (the learner rebuilds the same trie to score the choice)."""
+        ids = tokenizer(list(choices), add_special_tokens=False).input_ids
+        return cls([[*seq, eot_id] for seq in ids])
+
+    def allowed_along(self, token_ids: Sequence[int]) -> list[tuple[int, ...]]:
+        """The legal next ids before each of ``token_ids``, walked from the root: one set per
+        token, up to the first token that leaves the trie (a non-canonical tokenisation of a
+        choice, which a string-level grammar such as vLLM's may sample) or the end of a choice."""
+        node, sets = self._root, []
+        for tok in token_ids:
+            if tok not in node:
+                break
+            sets.append(tuple(node))
+            node = node[tok]
+        return sets
 
     def allowed(self) -> list[int]:
         return list(self._node)
