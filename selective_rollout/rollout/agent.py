@@ -19,6 +19,7 @@ from selective_rollout.envs.base import PromptText
 from selective_rollout.rollout.actions import ParsedAction, parse_action
 from selective_rollout.rollout.dialogue import Conversation
 from selective_rollout.rollout.engines.base import SamplingParams
+from selective_rollout.rollout.engines.trie import ChoiceTries
 from selective_rollout.rollout.prompts import PromptBuilder
 
 
@@ -29,6 +30,7 @@ class Agent:
         self.cfg = cfg
         every_turn = cfg.admissible_in_prompt == "every_turn"
         self.builder = PromptBuilder(tokenizer, cfg.action_format, every_turn, game)
+        self.choice_tries = ChoiceTries(tokenizer, self.builder.eot_id)  # each admissible list's, once
 
     @classmethod
     def from_model(
@@ -48,7 +50,7 @@ class Agent:
             obs,
             admissible,
             every_turn,
-            constrained=self.cfg.constrain_to_admissible,
+            self.choice_tries if self.cfg.constrain_to_admissible else None,
         )
 
     def sampling(self, admissible: Sequence[str], base: SamplingParams) -> SamplingParams:

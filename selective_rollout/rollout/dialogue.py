@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from selective_rollout.records import Experience
-from selective_rollout.rollout.engines.trie import ChoiceTrie
+from selective_rollout.rollout.engines.trie import ChoiceTries
 from selective_rollout.rollout.prompts import PromptBuilder, user_text
 
 
@@ -77,12 +77,13 @@ class Conversation:
         obs: str,
         admissible: Sequence[str],
         list_every_turn: bool = True,
-        constrained: bool = False,
+        choice_tries: ChoiceTries | None = None,
     ):
         self._builder = builder
         self._history_turns = history_turns
         self._list_every_turn = list_every_turn
-        self._constrained = constrained  # replies are decoded under constrained choice of a command
+        # set when replies are decoded under constrained choice of a command: the tries it walks
+        self._choice_tries = choice_tries
         self.task = task
         # user turns of the whole trajectory as (observation, admissible commands)
         self._turns: list[tuple[str, list[str]]] = [(obs, list(admissible))]
@@ -127,10 +128,8 @@ class Conversation:
             raise RuntimeError("add_completion called twice without extend in between")
         admissible = self._turns[-1][1]
         choice_sets = (
-            ChoiceTrie.of_texts(self._builder.tokenizer, admissible, self._builder.eot_id).allowed_along(
-                token_ids
-            )
-            if self._constrained and admissible
+            self._choice_tries(admissible).allowed_along(token_ids)
+            if self._choice_tries is not None and admissible
             else []
         )
         self.segments[-1].add_completion(

@@ -124,9 +124,8 @@ class LearnerGroup:
             raise ValueError("train_step: the batch is empty")
         for exp in batch:
             check_experience(exp)
-        if (
-            self.cfg.constrained_logprobs
-        ):  # the constrained policy's tokens: what it chose, not what it was forced to
+        # the constrained policy's tokens: what it chose, not what it was forced to
+        if self.cfg.constrained_logprobs:
             batch = [exp.without_forced_tokens() for exp in batch]
         start = time.perf_counter()
         advantages = compute_advantages(batch, ADVANTAGES.build(self.cfg.advantage, self.cfg))

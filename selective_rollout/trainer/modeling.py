@@ -71,14 +71,14 @@ class TokenLogprobs(NamedTuple):
 
 def _chosen_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, choices: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(target) of one chunk, in fp32 (fp64 stays): gather minus log-sum-exp, no full softmax;
     and the log-mass of each position's ``choices`` (ids padded with -1; no id: 0)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     total = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(-1, targets[..., None]).squeeze(-1) - total
     if choices is None:
-        return chosen, torch.zeros_like(chosen)
+        return chosen, None
     listed = choices >= 0
     # a finite floor, not -inf: a position with no choice then has a finite log-sum-exp (and a
     # zero, not NaN, gradient once torch.where discards it)

@@ -39,7 +39,7 @@ from selective_rollout.rollout.engines.base import (
 )
 from selective_rollout.rollout.engines.growing_cache import GrowingCache
 from selective_rollout.rollout.engines.kv_store import KV, SessionKVStore, common_prefix
-from selective_rollout.rollout.engines.trie import ChoiceTrie
+from selective_rollout.rollout.engines.trie import ChoiceTrie, ChoiceTries
 from selective_rollout.weight_sync.receiver import WeightReceiver
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ class TransformersEngine(RolloutEngine):
         self._batch = _Batch()
         self._pending: deque[_Request] = deque()
         self._requests: dict[str, _Request] = {}
-        self._tries: dict[tuple[str, ...], ChoiceTrie] = {}
+        self._tries = ChoiceTries(self.tokenizer, self.eot_id)
         self._seed_source = itertools.count(cfg.seed * 1_000_003)
         self._lock: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
@@ -798,14 +798,7 @@ class TransformersEngine(RolloutEngine):
         return ids
 
     def _trie(self, choices: list[str]) -> ChoiceTrie:
-        key = tuple(choices)
-        trie = self._tries.get(key)
-        if trie is None:
-            trie = ChoiceTrie.of_texts(self.tokenizer, choices, self.eot_id)
-            if len(self._tries) > 1024:
-                self._tries.clear()
-            self._tries[key] = trie
-        return trie.fork()
+        return self._tries(choices).fork()
 
     def _generator(self, seed: int | None, index: int) -> torch.Generator:
         gen = torch.Generator()

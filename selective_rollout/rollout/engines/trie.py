@@ -62,3 +62,22 @@ class ChoiceTrie:
         clone._root = self._root
         clone._node = self._root
         return clone
+
+
+class ChoiceTries:
+    """The tries of one tokenizer's choice lists, each built once (bounded: cleared past
+    ``capacity`` lists). Shared by the engine that constrains replies and the dialogue that scores
+    them; callers walk a trie with ``fork()`` or ``allowed_along``, never mutating the shared one."""
+
+    def __init__(self, tokenizer: Any, eot_id: int, capacity: int = 1024) -> None:
+        self._tokenizer, self._eot_id, self._capacity = tokenizer, eot_id, capacity
+        self._tries: dict[tuple[str, ...], ChoiceTrie] = {}
+
+    def __call__(self, choices: Sequence[str]) -> ChoiceTrie:
+        key = tuple(choices)
+        trie = self._tries.get(key)
+        if trie is None:
+            if len(self._tries) >= self._capacity:
+                self._tries.clear()
+            trie = self._tries[key] = ChoiceTrie.of_texts(self._tokenizer, key, self._eot_id)
+        return trie
