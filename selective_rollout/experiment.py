@@ -7,8 +7,9 @@ same base config plus the arm's overrides. For a given seed every arm sees the s
 stream (``train.task_shuffle_seed`` = seed), the same warm start and the same held-out tasks,
 so per-seed differences between arms are paired. Writes ``experiment.csv`` (one row per arm and
 seed), ``experiment.md`` (per-arm means; per pair the mean difference with a 95% bootstrap CI over
-seeds, the paper's protocol) and ``experiment.png``; then pools every arm's rollouts for the
-offline K x tau gate sweep (``sweep/gate_eval.csv`` and ``sweep/gate_pareto.png``).
+seeds, the paper's protocol; the held-out change pooled over seeds, its CI over tasks) and
+``experiment.png``; then pools every arm's rollouts for the offline K x tau gate sweep
+(``sweep/gate_eval.csv`` and ``sweep/gate_pareto.png``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
-from selective_rollout.stats import bootstrap_ci
+from selective_rollout.stats import bootstrap_ci, cluster_bootstrap_ci
 
 log = logging.getLogger("selective_rollout.experiment")
 
@@ -225,6 +226,54 @@ def paired_cut_precision(reference: Path, run: Path) -> dict[str, Any]:
     }
 
 
+def held_out_changes(run_dir: Path) -> dict[str, float]:
+    """Per held-out task, success after minus before in one finished run ({} without both)."""
+    evals = json.loads((run_dir / "report.json").read_text())["eval"]
+    before = evals.get("before", {}).get("per_task", {})
+    after = evals.get("after", {}).get("per_task", {})
+    return {task: after[task] - before[task] for task in sorted(before.keys() & after.keys())}
+
+
+def _mean_over_tasks(per_seed: list[dict[str, float]], resamples: int) -> dict[str, Any]:
+    """Mean over every (seed, task) value with a 95% CI resampling tasks: a task's values on
+    different seeds share its difficulty, so they are drawn together, not as independent pairs."""
+    by_task: dict[str, list[float]] = {}
+    for values in per_seed:
+        for task, value in values.items():
+            by_task.setdefault(task, []).append(value)
+    clusters = [np.asarray(v, dtype=float)[:, None] for v in by_task.values()]
+    lo, hi = cluster_bootstrap_ci(clusters, lambda rows: float(rows.mean()), resamples)
+    pooled = np.concatenate(clusters) if clusters else np.zeros(0)
+    return {
+        "mean": float(pooled.mean()) if pooled.size else None,
+        "ci95": [lo, hi],
+        "tasks": len(clusters),
+        "pairs": int(pooled.size),
+    }
+
+
+def pooled_held_out(
+    changes: dict[str, dict[int, dict[str, float]]], reference: str, resamples: int
+) -> list[dict[str, Any]]:
+    """Per arm, the held-out change (after - before per seed and task) pooled over the seeds, with
+    its CI over tasks: one seed's 24 tasks leave a CI about as wide as the change itself, and the
+    seeds' runs are independent draws of the same training. Beside it, vs ``reference``: the
+    difference of the two arms' changes on the same seed and task (a paired before cancels)."""
+    out = []
+    for arm, per_seed in changes.items():
+        row: dict[str, Any] = {"arm": arm, **_mean_over_tasks(list(per_seed.values()), resamples)}
+        if arm != reference:
+            ref = changes[reference]
+            versus = [
+                {t: c[t] - ref[seed][t] for t in c.keys() & ref[seed].keys()}
+                for seed, c in per_seed.items()
+                if seed in ref
+            ]
+            row["vs_reference"] = _mean_over_tasks(versus, resamples)
+        out.append(row)
+    return [r for r in out if r["pairs"]]
+
+
 def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: int) -> list[dict[str, Any]]:
     """Per metric and per arm vs the reference arm: mean paired difference and its bootstrap CI."""
     ref = arms[0]
@@ -259,7 +308,14 @@ def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: i
     return out
 
 
-def write_outputs(out: Path, exp: ExperimentConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def write_outputs(
+    out: Path,
+    exp: ExperimentConfig,
+    rows: list[dict[str, Any]],
+    held_out: dict[str, dict[int, dict[str, float]]] | None = None,
+) -> list[dict[str, Any]]:
+    """``experiment.csv``, ``experiment.md`` and ``experiment.png`` from the per-arm-and-seed rows;
+    ``held_out`` (arm -> seed -> task -> change), when given, adds the pooled held-out section."""
     arms = list(exp.arms)
     with (out / "experiment.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=["arm", "seed", *METRICS])
@@ -296,10 +352,32 @@ def write_outputs(out: Path, exp: ExperimentConfig, rows: list[dict[str, Any]]) 
         )
     if len(exp.seeds) < 3:
         lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]
+    lines += held_out_section(pooled_held_out(held_out or {}, arms[0], exp.bootstrap), arms[0])
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
     plot(out / "experiment.png", rows, arms)
     return diffs
+
+
+def held_out_section(pooled: list[dict[str, Any]], reference: str) -> list[str]:
+    """The markdown lines of the pooled held-out change, none when no arm was evaluated."""
+    if not pooled:
+        return []
+
+    def cell(p: dict[str, Any]) -> str:
+        return f"{p['mean']:+.1%} | [{p['ci95'][0]:+.1%}, {p['ci95'][1]:+.1%}]"
+
+    lines = [
+        "",
+        "## Held-out change pooled over seeds (after - before per seed and task; 95% CI resampling tasks)",
+        "",
+        f"| arm | change | 95% CI | change - `{reference}`'s | 95% CI | tasks | seed x task pairs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in pooled:
+        versus = cell(p["vs_reference"]) if p.get("vs_reference", {}).get("pairs") else "n/a | n/a"
+        lines.append(f"| {p['arm']} | {cell(p)} | {versus} | {p['tasks']} | {p['pairs']} |")
+    return lines
 
 
 def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
@@ -370,6 +448,7 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
     out = out or Path("runs") / f"experiment-{exp.name}"
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
+    held_out: dict[str, dict[int, dict[str, float]]] = {}
     reference = next(iter(exp.arms))
     known_before: dict[str, dict[str, Any]] = {}
     # arm after arm, each over every seed: an arm's reference and gate-memory sources have run
@@ -394,7 +473,8 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
                 row.update(paired_cut_precision(out / f"{reference}-s{seed}", run_dir))
             rows.append(row)
             run_dirs.append(run_dir)
-    write_outputs(out, exp, rows)
+            held_out.setdefault(arm, {})[seed] = held_out_changes(run_dir)
+    write_outputs(out, exp, rows, held_out)
     if exp.sweep is not None:
         pooled_sweep(out, exp.sweep, run_dirs)
     return out / "experiment.md"

@@ -12,9 +12,11 @@ import pytest
 from selective_rollout.config import ConfigError
 from selective_rollout.experiment import (
     ExperimentConfig,
+    held_out_changes,
     load_experiment,
     paired_cut_precision,
     paired_differences,
+    pooled_held_out,
     write_outputs,
 )
 from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Step, Trajectory
@@ -93,6 +95,56 @@ def test_a_difference_over_one_seed_has_no_ci(tmp_path):
     lines = (tmp_path / "experiment.md").read_text().splitlines()
     line = next(ln for ln in lines if ln.startswith("| on | rollout s per"))
     assert "n/a (1 seed)" in line and line.endswith("| 1 |")
+
+
+def _held_out() -> dict[str, dict[int, dict[str, float]]]:
+    """arm -> seed -> task -> change: 'on' gains 0.25 on every task of both seeds, 'off' 0 or 0.5."""
+    tasks = [f"t{i}" for i in range(6)]
+    return {
+        "off": {s: {t: 0.5 * (i % 2) for i, t in enumerate(tasks)} for s in (0, 1)},
+        "on": {s: dict.fromkeys(tasks, 0.25) for s in (0, 1)},
+    }
+
+
+def test_held_out_change_is_pooled_over_seeds_with_a_ci_over_tasks():
+    off, on = pooled_held_out(_held_out(), "off", 500)
+    assert (off["tasks"], off["pairs"]) == (6, 12) and off["mean"] == pytest.approx(0.25)
+    assert off["ci95"][0] < 0.25 < off["ci95"][1] and off["ci95"][0] >= 0.0 and "vs_reference" not in off
+    # the same change on every task: no spread to resample, the CI is the value
+    assert on["mean"] == pytest.approx(0.25) and on["ci95"] == [pytest.approx(0.25)] * 2
+    assert on["vs_reference"]["mean"] == pytest.approx(0.0) and on["vs_reference"]["pairs"] == 12
+    assert on["vs_reference"]["ci95"][0] < 0.0 < on["vs_reference"]["ci95"][1]
+
+
+def test_a_task_on_several_seeds_is_resampled_as_one():
+    # one task gained on all four seeds and one lost on all four: a resample draws each task's
+    # values together, so a quarter of the resamples hold only the loser and the CI reaches -0.5;
+    # eight independent draws would all be losers once in 256, and the CI would stay inside
+    seeds = range(4)
+    changes = {"off": {s: {"a": 0.5, "b": -0.5} for s in seeds}}
+    (row,) = pooled_held_out(changes, "off", 2000)
+    assert (row["tasks"], row["pairs"], row["mean"]) == (2, 8, 0.0)
+    assert row["ci95"] == [pytest.approx(-0.5), pytest.approx(0.5)]
+
+
+def test_held_out_changes_are_read_per_task_from_a_report(tmp_path):
+    evals = {"before": {"per_task": {"a": 0.25, "b": 0.5}}, "after": {"per_task": {"a": 0.75, "b": 0.5}}}
+    (tmp_path / "report.json").write_text(json.dumps({"eval": evals}))
+    assert held_out_changes(tmp_path) == {"a": 0.5, "b": 0.0}
+    (tmp_path / "report.json").write_text(json.dumps({"eval": {"before": evals["before"]}}))
+    assert held_out_changes(tmp_path) == {}
+    assert pooled_held_out({"off": {0: {}}}, "off", 100) == []  # no section for an unevaluated arm
+
+
+def test_the_pooled_held_out_change_is_in_the_report(tmp_path):
+    exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1])
+    write_outputs(tmp_path, exp, [r for r in _rows() if r["seed"] < 2], _held_out())
+    md = (tmp_path / "experiment.md").read_text()
+    assert "## Held-out change pooled over seeds" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("| on | +25.0% |"))
+    assert line.startswith("| on | +25.0% | [+25.0%, +25.0%] | +0.0% | [") and line.endswith("| 6 | 12 |")
+    write_outputs(tmp_path, exp, _rows())
+    assert "Held-out change pooled" not in (tmp_path / "experiment.md").read_text()
 
 
 def _logged(run: Path, groups: list[tuple[int, str, list[float | None], Outcome]]) -> Path:
@@ -282,6 +334,7 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
     assert all(float(r["wall_s"]) > 0 and float(r["step_tokens"]) > 0 for r in rows)
     text = report.read_text()
     assert "Paired differences vs `ungated`" in text and "| gated | wall-clock (s) |" in text
+    assert "## Held-out change pooled over seeds" in text and "| gated | " in text.split("pooled")[-1]
     assert (out / "experiment.png").stat().st_size > 5_000
     assert (out / "sweep" / "gate_eval.csv").is_file()
     for r in rows:
