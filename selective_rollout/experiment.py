@@ -298,7 +298,7 @@ def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: i
                     "arm": arm,
                     "vs": ref,
                     "metric": key,
-                    "mean_diff": float(np.mean(diffs)),
+                    "mean_diff": float(np.round(np.mean(diffs), 12)),  # no "+2.8e-17" for equal arms
                     "ci_low": lo,
                     "ci_high": hi,
                     "rel": rel,
