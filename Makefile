@@ -67,13 +67,13 @@ bench-regime: install
 experiment-ab: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_cpu.yaml
 
-# Held-out learning, gated beside ungated (2 arms x 8 iterations, 24 unseen tasks x 4 sampled tries;
-# 35 min on 2 cores with AMX).
+# Held-out learning, gated beside ungated (2 arms x 2 seeds x 8 iterations, 24 unseen tasks x 4
+# sampled tries; 64 min on 2 cores with AMX).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
 
 # The learner's objective under constrained choice: the constrained policy's log-probs (default)
-# beside the model's own, gate on, the learning experiment's profile (~35 min on 2 cores).
+# beside the model's own, gate on, the learning experiment's profile, one seed (~35 min on 2 cores).
 experiment-objective: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning_objective.yaml
 

@@ -352,10 +352,11 @@ def write_outputs(
         )
     if len(exp.seeds) < 3:
         lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]
-    lines += held_out_section(pooled_held_out(held_out or {}, arms[0], exp.bootstrap), arms[0])
+    pooled = pooled_held_out(held_out or {}, arms[0], exp.bootstrap)
+    lines += held_out_section(pooled, arms[0])
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
-    plot(out / "experiment.png", rows, arms)
+    plot(out / "experiment.png", rows, arms, pooled)
     return diffs
 
 
@@ -380,7 +381,11 @@ def held_out_section(pooled: list[dict[str, Any]], reference: str) -> list[str]:
     return lines
 
 
-def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
+def plot(
+    path: Path, rows: list[dict[str, Any]], arms: list[str], pooled: list[dict[str, Any]] | None = None
+) -> None:
+    """Bars (means) and dots (seeds) of the headline metrics; the held-out change's panel also
+    draws, per arm, the change pooled over seeds with its CI over tasks (``pooled_held_out``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -392,7 +397,7 @@ def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
         "informative_kept",
         "groups_cut",
         "zero_var_frac",
-        "success_after",
+        "success_gain",
     ]
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.6))
     for ax, key in zip(axes, keys, strict=True):
@@ -403,6 +408,21 @@ def plot(path: Path, rows: list[dict[str, Any]], arms: list[str]) -> None:
                 ax.scatter([i] * len(vals), vals, color="k", s=12, zorder=3)
         ax.set_xticks(range(len(arms)), arms, rotation=20, fontsize=8)
         ax.set_title(METRICS[key], fontsize=9)
+    change = axes[keys.index("success_gain")]
+    title = "held-out change (after - before)"
+    change.set_title(title + ("\nred: pooled over seeds, 95% CI" if pooled else ""), fontsize=9)
+    change.axhline(0.0, color="0.5", lw=0.8)
+    for p in pooled or []:
+        i, (lo, hi) = arms.index(p["arm"]), p["ci95"]
+        change.errorbar(
+            i + 0.25,
+            p["mean"],
+            yerr=[[p["mean"] - lo], [hi - p["mean"]]],
+            fmt="D",
+            color="C3",
+            ms=4,
+            capsize=3,
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
