@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
+from selective_rollout.policy_eval import per_task_changes
 from selective_rollout.stats import bootstrap_ci, cluster_bootstrap_ci
 
 log = logging.getLogger("selective_rollout.experiment")
@@ -69,8 +70,16 @@ class ExperimentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = "experiment"
-    base: str = Field(description="base run config (path relative to the experiment file or the CWD)")
+    base: str | None = Field(
+        None, description="base run config (path relative to the experiment file or the CWD)"
+    )
     overrides: list[str] = Field(default_factory=list, description="applied to every arm")
+    overrides_of: str | None = Field(
+        None,
+        description="another experiment file (relative to this one) whose base and overrides this "
+        "one takes, before its own: variants of one profile share a single list, so their runs "
+        "stay identical to the original's and are reused from its folder",
+    )
     arms: dict[str, list[str]] = Field(
         min_length=2, description="arm name -> its overrides; first = reference"
     )
@@ -111,6 +120,13 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
             else ""
         )
         raise ConfigError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}{hint}") from None
+    if exp.overrides_of is not None:
+        origin, origin_base = load_experiment(path.parent / exp.overrides_of)
+        exp = exp.model_copy(
+            update={"base": str(origin_base), "overrides": [*origin.overrides, *exp.overrides]}
+        )
+    if exp.base is None:
+        raise ConfigError(f"{path}: base: the experiment names no base run config (base: or overrides_of:)")
     order = list(exp.arms)
     for arm, sources in exp.gate_memory.items():
         if arm not in exp.arms or any(src not in exp.arms for src in sources):
@@ -226,12 +242,10 @@ def paired_cut_precision(reference: Path, run: Path) -> dict[str, Any]:
     }
 
 
-def held_out_changes(run_dir: Path) -> dict[str, float]:
-    """Per held-out task, success after minus before in one finished run ({} without both)."""
-    evals = json.loads((run_dir / "report.json").read_text())["eval"]
-    before = evals.get("before", {}).get("per_task", {})
-    after = evals.get("after", {}).get("per_task", {})
-    return {task: after[task] - before[task] for task in sorted(before.keys() & after.keys())}
+def held_out_changes(evals: dict[str, Any]) -> dict[str, float]:
+    """Per held-out task, success after minus before in one run's report ``eval`` section ({}
+    without both evaluations)."""
+    return per_task_changes(evals.get("before", {}), evals.get("after", {}))
 
 
 def _mean_over_tasks(per_seed: list[dict[str, float]], resamples: int) -> dict[str, Any]:
@@ -488,12 +502,13 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
                 " (held-out 'before' known from an earlier arm)" if before else "",
             )
             row = {"arm": arm, "seed": seed, **run_arm(cfg, run_dir, exp.keep_checkpoints, before)}
-            known_before.setdefault(key, json.loads((run_dir / "report.json").read_text())["eval"]["before"])
+            evals = json.loads((run_dir / "report.json").read_text())["eval"]
+            known_before.setdefault(key, evals["before"])
             if arm != reference:  # the reference arm ran first on this seed
                 row.update(paired_cut_precision(out / f"{reference}-s{seed}", run_dir))
             rows.append(row)
             run_dirs.append(run_dir)
-            held_out.setdefault(arm, {})[seed] = held_out_changes(run_dir)
+            held_out.setdefault(arm, {})[seed] = held_out_changes(evals)
     write_outputs(out, exp, rows, held_out)
     if exp.sweep is not None:
         pooled_sweep(out, exp.sweep, run_dirs)

@@ -58,12 +58,18 @@ def success_gain(
 ) -> dict[str, Any] | None:
     """After minus before on the same held-out tasks, paired per task, with a bootstrap 95% CI
     over tasks: whether training moved held-out success, not just whether two numbers differ."""
-    common = sorted(set(before.get("per_task", {})) & set(after.get("per_task", {})))
-    if not common:
+    changes = per_task_changes(before, after)
+    if not changes:
         return None
-    diffs = [after["per_task"][t] - before["per_task"][t] for t in common]
+    diffs = list(changes.values())
     lo, hi = bootstrap_ci(diffs, resamples, seed)
-    return {"mean": float(np.mean(diffs)), "ci95": [lo, hi], "tasks": len(common)}
+    return {"mean": float(np.mean(diffs)), "ci95": [lo, hi], "tasks": len(diffs)}
+
+
+def per_task_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """After minus before success per held-out task, over the tasks both summaries scored."""
+    b, a = before.get("per_task", {}), after.get("per_task", {})
+    return {task: a[task] - b[task] for task in sorted(b.keys() & a.keys())}
 
 
 def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:

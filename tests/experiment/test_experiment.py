@@ -127,12 +127,10 @@ def test_a_task_on_several_seeds_is_resampled_as_one():
     assert row["ci95"] == [pytest.approx(-0.5), pytest.approx(0.5)]
 
 
-def test_held_out_changes_are_read_per_task_from_a_report(tmp_path):
+def test_held_out_changes_are_read_per_task_from_a_report():
     evals = {"before": {"per_task": {"a": 0.25, "b": 0.5}}, "after": {"per_task": {"a": 0.75, "b": 0.5}}}
-    (tmp_path / "report.json").write_text(json.dumps({"eval": evals}))
-    assert held_out_changes(tmp_path) == {"a": 0.5, "b": 0.0}
-    (tmp_path / "report.json").write_text(json.dumps({"eval": {"before": evals["before"]}}))
-    assert held_out_changes(tmp_path) == {}
+    assert held_out_changes(evals) == {"a": 0.5, "b": 0.0}
+    assert held_out_changes({"before": evals["before"]}) == {}
     assert pooled_held_out({"off": {0: {}}}, "off", 100) == []  # no section for an unevaluated arm
 
 
@@ -353,3 +351,19 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
     with (out / "experiment.csv").open() as fh:
         assert list(csv.DictReader(fh)) == rows
     assert metrics.stat().st_mtime_ns == before
+
+
+def test_a_variant_takes_the_base_and_overrides_of_its_origin(tmp_path):
+    (tmp_path / "origin.yaml").write_text(
+        "base: " + str(Path("configs/cpu_default.yaml").resolve()) + "\n"
+        "overrides: [train.iterations=8, eval.tries=4]\narms: {a: [], b: []}\n"
+    )
+    (tmp_path / "variant.yaml").write_text(
+        "overrides_of: origin.yaml\noverrides: [eval.tries=2]\narms: {a: [], c: [trainer.lr=1e-5]}\n"
+    )
+    exp, base = load_experiment(tmp_path / "variant.yaml")
+    assert base == Path("configs/cpu_default.yaml").resolve()
+    assert exp.overrides == ["train.iterations=8", "eval.tries=4", "eval.tries=2"]  # its own last
+    (tmp_path / "bare.yaml").write_text("arms: {a: [], b: []}\n")
+    with pytest.raises(ConfigError, match="names no base run config"):
+        load_experiment(tmp_path / "bare.yaml")
