@@ -121,6 +121,8 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
         )
         raise ConfigError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}{hint}") from None
     if exp.overrides_of is not None:
+        if exp.base is not None:
+            raise ConfigError(f"{path}: base: and overrides_of: both name a base run config; keep one")
         origin, origin_base = load_experiment(path.parent / exp.overrides_of)
         exp = exp.model_copy(
             update={"base": str(origin_base), "overrides": [*origin.overrides, *exp.overrides]}

@@ -364,6 +364,9 @@ def test_a_variant_takes_the_base_and_overrides_of_its_origin(tmp_path):
     exp, base = load_experiment(tmp_path / "variant.yaml")
     assert base == Path("configs/cpu_default.yaml").resolve()
     assert exp.overrides == ["train.iterations=8", "eval.tries=4", "eval.tries=2"]  # its own last
+    (tmp_path / "both.yaml").write_text("base: x.yaml\noverrides_of: origin.yaml\narms: {a: [], b: []}\n")
+    with pytest.raises(ConfigError, match="both name a base run config"):
+        load_experiment(tmp_path / "both.yaml")
     (tmp_path / "bare.yaml").write_text("arms: {a: [], b: []}\n")
     with pytest.raises(ConfigError, match="names no base run config"):
         load_experiment(tmp_path / "bare.yaml")
