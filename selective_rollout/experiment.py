@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.policy_eval import per_task_changes
+from selective_rollout.reporting.power import change_precision
 from selective_rollout.stats import bootstrap_ci, cluster_bootstrap_ci
 
 log = logging.getLogger("selective_rollout.experiment")
@@ -329,9 +330,12 @@ def write_outputs(
     exp: ExperimentConfig,
     rows: list[dict[str, Any]],
     held_out: dict[str, dict[int, dict[str, float]]] | None = None,
+    evals: dict[str, dict[int, dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """``experiment.csv``, ``experiment.md`` and ``experiment.png`` from the per-arm-and-seed rows;
-    ``held_out`` (arm -> seed -> task -> change), when given, adds the pooled held-out section."""
+    ``held_out`` (arm -> seed -> task -> change), when given, adds the pooled held-out section,
+    and ``evals`` (arm -> seed -> the run's report ``eval`` section, with its config's ``tries``)
+    how precisely it was measured."""
     arms = list(exp.arms)
     with (out / "experiment.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=["arm", "seed", *METRICS])
@@ -370,6 +374,7 @@ def write_outputs(
         lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]
     pooled = pooled_held_out(held_out or {}, arms[0], exp.bootstrap)
     lines += held_out_section(pooled, arms[0])
+    lines += precision_section(pooled, evals or {}, rows, exp)
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
     plot(out / "experiment.png", rows, arms, pooled)
@@ -394,6 +399,89 @@ def held_out_section(pooled: list[dict[str, Any]], reference: str) -> list[str]:
     for p in pooled:
         versus = cell(p["vs_reference"]) if p.get("vs_reference", {}).get("pairs") else "n/a | n/a"
         lines.append(f"| {p['arm']} | {cell(p)} | {versus} | {p['tasks']} | {p['pairs']} |")
+    return lines
+
+
+def _eval_seconds(evals: dict[str, dict[int, dict[str, Any]]], label: str) -> dict[str, float] | None:
+    """Per arm, the mean wall-clock of its ``label`` evaluation over seeds; None when a run did not
+    record it (runs from before 2026-12-05)."""
+    walls = {arm: [e.get(label, {}).get("wall_s") for e in runs.values()] for arm, runs in evals.items()}
+    if any(w is None for ws in walls.values() for w in ws):
+        return None
+    return {arm: float(np.mean(ws)) for arm, ws in walls.items()}
+
+
+def precision_section(
+    pooled: list[dict[str, Any]],
+    evals: dict[str, dict[int, dict[str, Any]]],
+    rows: list[dict[str, Any]],
+    exp: ExperimentConfig,
+) -> list[str]:
+    """How precisely each arm's pooled held-out change was measured, split into the tasks', the
+    sampling's and the training's variance (``reporting.power``), and the seeds a CI excluding 0
+    would take at this design, at twice the tries and at twice the tasks, with what that costs
+    in this experiment's measured times. None with fewer than 2 seeds evaluated."""
+    fits = {}
+    for p in pooled:
+        per_seed = {
+            s: (e["before"]["per_task"], e["after"]["per_task"])
+            for s, e in evals.get(p["arm"], {}).items()
+            if "before" in e and "after" in e
+        }
+        tries = {e["tries"] for e in evals.get(p["arm"], {}).values()}
+        fit = change_precision(per_seed, tries.pop()) if len(tries) == 1 else None
+        if fit is not None:
+            fits[p["arm"]] = (p, fit)
+    if not fits:
+        return []
+    train_s = {a: float(np.mean([r["wall_s"] for r in rows if r["arm"] == a])) for a in fits}
+    after_s, before_s = _eval_seconds(evals, "after"), _eval_seconds(evals, "before")
+    timed = after_s is not None and before_s is not None
+
+    def cost(seeds: int, tries: int, tasks: int, at: tuple[int, int]) -> str:
+        if not timed:
+            return ""
+        scale = tries * tasks / (at[0] * at[1])  # evaluation time grows with its episodes
+        befores = 1 if exp.share_before_eval else len(fits)
+        per_seed = sum(train_s.values()) + scale * (
+            sum(after_s.values()) + befores * float(np.mean(list(before_s.values())))
+        )
+        return f" ({seeds * per_seed / 60:.0f} min)"
+
+    def needed(fit: Any, tries: int, tasks: int) -> str:
+        seeds = fit.seeds_needed(tries, tasks)
+        if seeds is None:
+            return "not within reach"
+        return f"{seeds}{cost(seeds, tries, tasks, (fit.tries, fit.tasks))}"
+
+    some = next(iter(fits.values()))[1]
+    t, n = some.tries, some.tasks
+    lines = [
+        "",
+        "## How precisely the held-out change is measured, and what would measure it",
+        "",
+        "A task's change varies with the task (its true change), the sampling (tries are binomial "
+        "draws, before and after) and the training (seeds train to different weights); fitted by "
+        "moments from these runs, a planning figure (`selective_rollout/reporting/power.py`). "
+        "Seeds for the 95% CI of the pooled change to exclude 0 if the change stayed as measured"
+        + (
+            f"; minutes for all {len(fits)} arms at this experiment's measured times."
+            if timed
+            else "; the runs did not record their evaluation times, so no minutes."
+        ),
+        "",
+        f"| arm | change | 95% half-width: model (bootstrap) | variance: tasks | sampling, per episode "
+        f"| training | seeds at {t} tries x {n} tasks | at {2 * t} tries | at {2 * n} tasks |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, (p, fit) in fits.items():
+        boot = (p["ci95"][1] - p["ci95"][0]) / 2
+        model = fit.half_width(fit.seeds, fit.tries, fit.tasks)
+        lines.append(
+            f"| {arm} | {fit.mean:+.1%} | {model:.1%} ({boot:.1%}) | {fit.between_tasks:.4f} "
+            f"| {fit.sampling:.3f} | {fit.training:.4f} | {needed(fit, fit.tries, fit.tasks)} "
+            f"| {needed(fit, 2 * fit.tries, fit.tasks)} | {needed(fit, fit.tries, 2 * fit.tasks)} |"
+        )
     return lines
 
 
@@ -485,6 +573,7 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
     held_out: dict[str, dict[int, dict[str, float]]] = {}
+    evals_by_arm: dict[str, dict[int, dict[str, Any]]] = {}
     reference = next(iter(exp.arms))
     known_before: dict[str, dict[str, Any]] = {}
     # arm after arm, each over every seed: an arm's reference and gate-memory sources have run
@@ -511,7 +600,8 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
             rows.append(row)
             run_dirs.append(run_dir)
             held_out.setdefault(arm, {})[seed] = held_out_changes(evals)
-    write_outputs(out, exp, rows, held_out)
+            evals_by_arm.setdefault(arm, {})[seed] = {"tries": cfg.eval.tries, **evals}
+    write_outputs(out, exp, rows, held_out, evals_by_arm)
     if exp.sweep is not None:
         pooled_sweep(out, exp.sweep, run_dirs)
     return out / "experiment.md"

@@ -289,12 +289,17 @@ class Trainer:
         from selective_rollout.policy_eval import format_summary, success_summary
         from selective_rollout.rollout.coordinator import wait_for_coordinator
 
+        started = time.monotonic()
         ref = self.coordinator.evaluate.remote(self.eval_tasks)
         stall_s = self.cfg.train.stall_timeout_s
         groups = wait_for_coordinator(
             self.coordinator, ref, f"evaluation ({label})", stall_s, self.replace_dead_engines
         )
-        summary = success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed)
+        # with its wall-clock: what an experiment's held-out precision costs (reporting.power)
+        summary = {
+            **success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed),
+            "wall_s": time.monotonic() - started,
+        }
         self.state["eval"][label] = summary
         log.info("held-out (%s): %s", label, format_summary(summary))
         return summary

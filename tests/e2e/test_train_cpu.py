@@ -91,6 +91,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     assert "held-out success before" in text and "held-out success after" in text
     summary = json.loads((run_dir / "report.json").read_text())
     assert summary["iterations"] == 2 and {"before", "after"} <= set(summary["eval"])
+    assert all(e["wall_s"] > 0 for e in summary["eval"].values())  # what an experiment's precision costs
     rollout, regime = summary["rollout"], summary["regime"]
     assert regime["k"] == 2 and regime["groups"] == sum(g.zero_variance is not None for g in groups)
     saving_row = next(ln for ln in text.splitlines() if ln.startswith("| step-tokens saved"))

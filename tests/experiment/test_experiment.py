@@ -145,6 +145,49 @@ def test_the_pooled_held_out_change_is_in_the_report(tmp_path):
     assert "Held-out change pooled" not in (tmp_path / "experiment.md").read_text()
 
 
+def _evals(wall_s: float | None) -> dict[str, dict[int, dict]]:
+    """arm -> seed -> report eval section over 8 tasks x 4 tries: 'on' gains a quarter on half the
+    tasks on both seeds, 'off' gains on seed 0 what it loses on seed 1."""
+    tasks = [f"t{i}" for i in range(8)]
+    before = {t: 0.25 + 0.25 * (i % 3) for i, t in enumerate(tasks)}
+    after = {
+        "off": {0: {t: before[t] + 0.25 for t in tasks}, 1: {t: before[t] - 0.25 for t in tasks}},
+        "on": {s: {t: before[t] + 0.25 * (i % 2) for i, t in enumerate(tasks)} for s in (0, 1)},
+    }
+    timed = {} if wall_s is None else {"wall_s": wall_s}
+    return {
+        arm: {
+            s: {"tries": 4, "before": {"per_task": before, **timed}, "after": {"per_task": a, **timed}}
+            for s, a in per_seed.items()
+        }
+        for arm, per_seed in after.items()
+    }
+
+
+def test_the_report_says_how_precisely_the_held_out_change_was_measured(tmp_path):
+    exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1])
+    rows = [r for r in _rows() if r["seed"] < 2]  # training 110 s (off), 97.5 s (on) per seed
+    evals = _evals(wall_s=30.0)
+    held_out = {a: {s: held_out_changes(e) for s, e in per_seed.items()} for a, per_seed in evals.items()}
+    write_outputs(tmp_path, exp, rows, held_out, evals)
+    md = (tmp_path / "experiment.md").read_text()
+    assert "## How precisely the held-out change is measured" in md and "at 8 tries | at 16 tasks |" in md
+    section = md.split("## How precisely")[1].splitlines()
+    off = next(ln for ln in section if ln.startswith("| off | +0.0% |"))
+    assert off.count("not within reach") == 3  # no change: no number of seeds shows one
+    on = next(ln for ln in section if ln.startswith("| on | +12.5% |")).split(" | ")
+    # the same change on both seeds and a training spread of 0: the tasks' and the sampling's remain
+    assert on[5] == "0.0000"
+    seeds = int(on[6].split()[0])
+    # per seed: both arms' training (207.5 s) + 2 after and 1 shared before evaluation (90 s)
+    assert on[6] == f"{seeds} ({seeds * 297.5 / 60:.0f} min)"
+    write_outputs(tmp_path, exp, rows, held_out, _evals(wall_s=None))
+    md = (tmp_path / "experiment.md").read_text()
+    assert "did not record their evaluation times" in md and " min)" not in md
+    write_outputs(tmp_path, exp, rows, held_out)
+    assert "How precisely" not in (tmp_path / "experiment.md").read_text()
+
+
 def _logged(run: Path, groups: list[tuple[int, str, list[float | None], Outcome]]) -> Path:
     run.mkdir()
     with GroupWriter(run / "rollouts.jsonl") as w:

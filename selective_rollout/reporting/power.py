@@ -1,0 +1,92 @@
+"""How precisely a learning experiment measured its held-out change, and how many seeds, tries or
+tasks a CI that excludes 0 would take (floor 1, numpy only; the experiment runner prints it).
+
+The pooled change (after - before per seed and held-out task, averaged over both) varies for
+three reasons, each estimated from the experiment's own runs:
+
+- **tasks**: the true change differs from task to task (``between_tasks``); only more tasks
+  average it out;
+- **sampling**: a task's success rate over ``tries`` sampled episodes is a binomial draw, before
+  and after (``sampling``: the per-episode variance p(1 - p) of the two evaluations, summed);
+  more tries or more seeds average it out;
+- **training**: runs on different seeds train the same start to different weights (``training``:
+  the spread of a task's change across seeds that sampling does not explain); only more seeds
+  average it out.
+
+With S seeds, T tries and N tasks the pooled mean's variance is then
+``(between_tasks + (sampling / T + training) / S) / N``, the quantity the runner's CI
+(resampling tasks) measures at the experiment's own design. The fit is by moments and floored at
+0: a planning figure, good to a factor of about 1.5 with a handful of seeds, not a CI of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+MAX_SEEDS = 200  # beyond this a design is not one anybody would run: "not within reach"
+
+PerTask = Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class ChangePrecision:
+    """The variance components of one arm's pooled held-out change at the design it ran."""
+
+    mean: float
+    seeds: int
+    tries: int
+    tasks: int
+    between_tasks: float
+    sampling: float
+    training: float
+
+    def half_width(self, seeds: int, tries: int, tasks: int) -> float:
+        """The 95% half-width of the pooled change the model predicts at another design."""
+        per_seed = self.sampling / tries + self.training
+        return Z95 * math.sqrt((self.between_tasks + per_seed / seeds) / tasks)
+
+    def seeds_needed(self, tries: int | None = None, tasks: int | None = None) -> int | None:
+        """The fewest seeds whose predicted 95% CI excludes 0 on the side of the measured change,
+        at ``tries`` and ``tasks`` (the experiment's own by default); None when no number of seeds
+        up to ``MAX_SEEDS`` would (a change of 0, or the tasks' own spread alone too wide)."""
+        tries, tasks = tries or self.tries, tasks or self.tasks
+        for seeds in range(1, MAX_SEEDS + 1):
+            if self.half_width(seeds, tries, tasks) < abs(self.mean):
+                return seeds
+        return None
+
+
+def change_precision(per_seed: Mapping[int, tuple[PerTask, PerTask]], tries: int) -> ChangePrecision | None:
+    """Fit the components from ``seed -> (before, after)`` per-task success rates, each a mean
+    over ``tries`` episodes, on the tasks every seed scored before and after. None with fewer
+    than 2 seeds (no spread across seeds to split), 2 tasks or 2 tries."""
+    if tries < 2 or len(per_seed) < 2:
+        return None
+    pairs = list(per_seed.values())
+    tasks = sorted(set.intersection(*(set(b) & set(a) for b, a in pairs)))
+    if len(tasks) < 2:
+        return None
+    before = np.array([[b[t] for t in tasks] for b, _ in pairs])
+    after = np.array([[a[t] for t in tasks] for _, a in pairs])
+    change = after - before
+    seeds = len(pairs)
+
+    def episode_variance(rate: np.ndarray) -> np.ndarray:  # unbiased p(1-p) from `tries` draws
+        return rate * (1 - rate) * tries / (tries - 1)
+
+    within = float(change.var(axis=0, ddof=1).mean())  # a task's change, seed to seed
+    sampling = float((episode_variance(before) + episode_variance(after)).mean())
+    return ChangePrecision(
+        mean=float(change.mean()),
+        seeds=seeds,
+        tries=tries,
+        tasks=len(tasks),
+        between_tasks=max(0.0, float(change.mean(axis=0).var(ddof=1)) - within / seeds),
+        sampling=sampling,
+        training=max(0.0, within - sampling / tries),
+    )

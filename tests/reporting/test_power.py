@@ -1,0 +1,79 @@
+"""The held-out change's variance components (reporting.power): recovered from simulated
+experiments whose components are known, and the seeds a design needs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from selective_rollout.reporting.power import Z95, ChangePrecision, change_precision
+
+
+def _simulated(seeds: int, tasks: int, tries: int, between: float, training: float, rng) -> dict:
+    """seed -> (before, after) per-task success rates over ``tries`` binomial episodes: task t
+    starts at p_t, truly changes by d_t (spread ``between``), and a seed's training moves it by
+    a further draw of variance ``training``."""
+    start = rng.uniform(0.2, 0.8, tasks)
+    true_change = rng.normal(0.05, np.sqrt(between), tasks)
+    out = {}
+    for s in range(seeds):
+        after_p = np.clip(start + true_change + rng.normal(0, np.sqrt(training), tasks), 0, 1)
+        before = rng.binomial(tries, start) / tries
+        after = rng.binomial(tries, after_p) / tries
+        out[s] = ({f"t{i}": b for i, b in enumerate(before)}, {f"t{i}": a for i, a in enumerate(after)})
+    return out
+
+
+def test_the_components_of_a_simulated_experiment_are_recovered():
+    rng = np.random.default_rng(0)
+    fit = change_precision(_simulated(40, 400, 4, between=0.01, training=0.02, rng=rng), tries=4)
+    assert fit is not None and (fit.seeds, fit.tries, fit.tasks) == (40, 4, 400)
+    assert fit.between_tasks == pytest.approx(0.01, rel=0.3)
+    assert fit.training == pytest.approx(0.02, rel=0.3)
+    # two binomial evaluations of rates between 0.2 and 0.8: p(1-p) in 0.16..0.25 each
+    assert 0.35 < fit.sampling < 0.5
+    assert fit.mean == pytest.approx(0.05, abs=0.02)
+
+
+def test_the_model_half_width_matches_the_spread_of_repeated_experiments():
+    # 300 experiments of 4 seeds x 24 tasks x 4 tries from one truth: the predicted 95% half-width
+    # at that design is 1.96 standard deviations of their pooled changes
+    rng = np.random.default_rng(1)
+    means, fits = [], []
+    for _ in range(300):
+        runs = _simulated(4, 24, 4, between=0.01, training=0.02, rng=rng)
+        fits.append(change_precision(runs, 4))
+        means.append(np.mean([a[t] - b[t] for b, a in runs.values() for t in b]))
+    predicted = np.median([f.half_width(4, 4, 24) for f in fits])
+    assert predicted == pytest.approx(Z95 * np.std(means), rel=0.25)
+
+
+def test_more_seeds_tries_and_tasks_narrow_the_ci_down_to_the_tasks_own_spread():
+    fit = ChangePrecision(
+        mean=0.06, seeds=4, tries=4, tasks=24, between_tasks=0.01, sampling=0.24, training=0.02
+    )
+    assert fit.half_width(4, 4, 24) == pytest.approx(Z95 * np.sqrt((0.01 + (0.06 + 0.02) / 4) / 24))
+    assert fit.half_width(8, 4, 24) < fit.half_width(4, 4, 24)
+    assert fit.half_width(4, 8, 24) < fit.half_width(4, 4, 24)
+    assert fit.half_width(4, 4, 48) < fit.half_width(4, 4, 24)
+    needed = fit.seeds_needed()
+    assert needed is not None
+    assert fit.half_width(needed, 4, 24) < 0.06 <= fit.half_width(needed - 1, 4, 24)
+    assert fit.seeds_needed(tries=8) <= needed and fit.seeds_needed(tasks=48) < needed
+    # the tasks' own spread alone is wider than the change: no number of seeds on 24 tasks
+    floor = Z95 * np.sqrt(0.01 / 24)
+    narrow = ChangePrecision(0.9 * floor, 4, 4, 24, 0.01, 0.24, 0.02)
+    assert narrow.seeds_needed() is None and narrow.seeds_needed(tasks=96) is not None
+    assert ChangePrecision(0.0, 4, 4, 24, 0.01, 0.24, 0.02).seeds_needed() is None
+    # a loss is measured the same way as a gain
+    assert ChangePrecision(-0.06, 4, 4, 24, 0.01, 0.24, 0.02).seeds_needed() == needed
+
+
+def test_too_little_data_has_no_fit():
+    one = {0: ({"a": 0.5, "b": 0.25}, {"a": 0.75, "b": 0.5})}
+    assert change_precision(one, tries=4) is None  # one seed: no spread across seeds
+    two = {**one, 1: ({"a": 0.25, "c": 0.5}, {"a": 0.5, "c": 0.5})}
+    assert change_precision(two, tries=4) is None  # one task both seeds scored
+    assert change_precision({**one, 1: one[0]}, tries=1) is None  # one try: no binomial spread
+    fit = change_precision({**one, 1: one[0]}, tries=4)
+    assert fit is not None and fit.training == 0.0 and fit.between_tasks == 0.0  # floored, not negative
