@@ -374,7 +374,7 @@ def write_outputs(
         lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]
     pooled = pooled_held_out(held_out or {}, arms[0], exp.bootstrap)
     lines += held_out_section(pooled, arms[0])
-    lines += precision_section(pooled, evals or {}, rows, exp)
+    lines += precision_section(pooled, evals or {}, rows)
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
     plot(out / "experiment.png", rows, arms, pooled)
@@ -402,85 +402,100 @@ def held_out_section(pooled: list[dict[str, Any]], reference: str) -> list[str]:
     return lines
 
 
-def _eval_seconds(evals: dict[str, dict[int, dict[str, Any]]], label: str) -> dict[str, float] | None:
-    """Per arm, the mean wall-clock of its ``label`` evaluation over seeds; None when a run did not
-    record it (runs from before 2026-12-05)."""
-    walls = {arm: [e.get(label, {}).get("wall_s") for e in runs.values()] for arm, runs in evals.items()}
-    if any(w is None for ws in walls.values() for w in ws):
-        return None
-    return {arm: float(np.mean(ws)) for arm, ws in walls.items()}
+def _seed_seconds(
+    fits: dict[str, Any], evals: dict[str, dict[int, dict[str, Any]]], rows: list[dict[str, Any]]
+) -> tuple[float, float] | None:
+    """Per seed, the measured seconds of the fitted arms' training (``wall_s``: iterations only)
+    and of their evaluations (mean over seeds): None when a run did not record its evaluation
+    times (runs before 2026-12-05)."""
+    train = sum(float(np.mean([r["wall_s"] for r in rows if r["arm"] == a])) for a in fits)
+    evals_s = []
+    for seed in next(iter(evals[a] for a in fits)):
+        runs = [evals[a].get(seed, {}) for a in fits]
+        # arms that share a seed's 'before' (share_before_eval) played it once: count it once
+        befores = {json.dumps(r.get("before", {}), sort_keys=True): r.get("before", {}) for r in runs}
+        walls = [b.get("wall_s") for b in befores.values()] + [r.get("after", {}).get("wall_s") for r in runs]
+        if any(w is None for w in walls):
+            return None
+        evals_s.append(sum(walls))
+    return train, float(np.mean(evals_s))
 
 
 def precision_section(
     pooled: list[dict[str, Any]],
     evals: dict[str, dict[int, dict[str, Any]]],
     rows: list[dict[str, Any]],
-    exp: ExperimentConfig,
 ) -> list[str]:
     """How precisely each arm's pooled held-out change was measured, split into the tasks', the
-    sampling's and the training's variance (``reporting.power``), and the seeds a CI excluding 0
-    would take at this design, at twice the tries and at twice the tasks, with what that costs
-    in this experiment's measured times. None with fewer than 2 seeds evaluated."""
+    sampling's and the seeds' variance (``reporting.power``), and the seeds a CI excluding 0
+    would take at this design, at twice the tries and at twice the tasks, at even and at 80%
+    odds, with what that costs at this experiment's measured times. No lines with fewer than 2
+    seeds evaluated."""
     fits = {}
     for p in pooled:
+        runs = evals.get(p["arm"], {})
         per_seed = {
             s: (e["before"]["per_task"], e["after"]["per_task"])
-            for s, e in evals.get(p["arm"], {}).items()
+            for s, e in runs.items()
             if "before" in e and "after" in e
         }
-        tries = {e["tries"] for e in evals.get(p["arm"], {}).values()}
+        tries = {e["tries"] for e in runs.values()}
         fit = change_precision(per_seed, tries.pop()) if len(tries) == 1 else None
         if fit is not None:
             fits[p["arm"]] = (p, fit)
     if not fits:
         return []
-    train_s = {a: float(np.mean([r["wall_s"] for r in rows if r["arm"] == a])) for a in fits}
-    after_s, before_s = _eval_seconds(evals, "after"), _eval_seconds(evals, "before")
-    timed = after_s is not None and before_s is not None
-
-    def cost(seeds: int, tries: int, tasks: int, at: tuple[int, int]) -> str:
-        if not timed:
-            return ""
-        scale = tries * tasks / (at[0] * at[1])  # evaluation time grows with its episodes
-        befores = 1 if exp.share_before_eval else len(fits)
-        per_seed = sum(train_s.values()) + scale * (
-            sum(after_s.values()) + befores * float(np.mean(list(before_s.values())))
-        )
-        return f" ({seeds * per_seed / 60:.0f} min)"
+    designs = {(fit.tries, fit.tasks) for _, fit in fits.values()}
+    timing = _seed_seconds(fits, evals, rows) if len(designs) == 1 else None
 
     def needed(fit: Any, tries: int, tasks: int) -> str:
-        seeds = fit.seeds_needed(tries, tasks)
-        if seeds is None:
-            return "not within reach"
-        return f"{seeds}{cost(seeds, tries, tasks, (fit.tries, fit.tasks))}"
+        cells = []
+        for odds in (0.5, 0.8):
+            seeds = fit.seeds_needed(tries, tasks, odds)
+            if seeds is None:
+                cells.append("none")
+                continue
+            if timing is None:
+                cells.append(str(seeds))
+                continue
+            train, evaluation = timing  # evaluation time grows with the episodes it plays
+            per_seed = train + evaluation * tries * tasks / (fit.tries * fit.tasks)
+            cells.append(f"{seeds} ({seeds * per_seed / 3600:.1f} h)")
+        return " / ".join(cells)
 
-    some = next(iter(fits.values()))[1]
-    t, n = some.tries, some.tasks
+    if timing is not None:
+        cost = (
+            f"; hours for all {len(fits)} arms at this experiment's measured training iterations "
+            "and evaluations (startup and checkpoint saves not counted)."
+        )
+    elif len(designs) > 1:
+        cost = "; the arms evaluate different designs, so no hours."
+    else:
+        cost = "; the runs did not record their evaluation times, so no hours."
     lines = [
         "",
         "## How precisely the held-out change is measured, and what would measure it",
         "",
         "A task's change varies with the task (its true change), the sampling (tries are binomial "
-        "draws, before and after) and the training (seeds train to different weights); fitted by "
-        "moments from these runs, a planning figure (`selective_rollout/reporting/power.py`). "
-        "Seeds for the 95% CI of the pooled change to exclude 0 if the change stayed as measured"
-        + (
-            f"; minutes for all {len(fits)} arms at this experiment's measured times."
-            if timed
-            else "; the runs did not record their evaluation times, so no minutes."
-        ),
+        "draws, before and after) and the seed (runs train to different weights), fitted by moments "
+        "from these runs (`selective_rollout/reporting/power.py`); at this design the model's "
+        "half-width is the bootstrap's standard error, so their agreement checks nothing. Covariance: "
+        "of a task's before and after across seeds (they share sampling seeds; the split assumes 0). "
+        "Seeds for the 95% CI to exclude 0 with even / 80% odds if the measured change were the "
+        "true one, an order of magnitude (the fit itself is uncertain)" + cost,
         "",
-        f"| arm | change | 95% half-width: model (bootstrap) | variance: tasks | sampling, per episode "
-        f"| training | seeds at {t} tries x {n} tasks | at {2 * t} tries | at {2 * n} tasks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | change | 95% half-width: model (bootstrap) | tries x tasks | variance: tasks "
+        "| sampling, per episode | seed | covariance | seeds at this design | at 2x tries | at 2x tasks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, (p, fit) in fits.items():
         boot = (p["ci95"][1] - p["ci95"][0]) / 2
         model = fit.half_width(fit.seeds, fit.tries, fit.tasks)
         lines.append(
-            f"| {arm} | {fit.mean:+.1%} | {model:.1%} ({boot:.1%}) | {fit.between_tasks:.4f} "
-            f"| {fit.sampling:.3f} | {fit.training:.4f} | {needed(fit, fit.tries, fit.tasks)} "
-            f"| {needed(fit, 2 * fit.tries, fit.tasks)} | {needed(fit, fit.tries, 2 * fit.tasks)} |"
+            f"| {arm} | {fit.mean:+.1%} | {model:.1%} ({boot:.1%}) | {fit.tries} x {fit.tasks} "
+            f"| {fit.between_tasks:.4f} | {fit.sampling:.3f} | {fit.training:.4f} | {fit.covariance:+.4f} "
+            f"| {needed(fit, fit.tries, fit.tasks)} | {needed(fit, 2 * fit.tries, fit.tasks)} "
+            f"| {needed(fit, fit.tries, 2 * fit.tasks)} |"
         )
     return lines
 

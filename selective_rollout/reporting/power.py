@@ -9,14 +9,24 @@ three reasons, each estimated from the experiment's own runs:
 - **sampling**: a task's success rate over ``tries`` sampled episodes is a binomial draw, before
   and after (``sampling``: the per-episode variance p(1 - p) of the two evaluations, summed);
   more tries or more seeds average it out;
-- **training**: runs on different seeds train the same start to different weights (``training``:
-  the spread of a task's change across seeds that sampling does not explain); only more seeds
-  average it out.
+- **seed**: runs on different seeds train to different weights (their task order and rollout
+  sampling differ too); ``training`` is the spread of a task's change across seeds that sampling
+  does not explain; only more seeds average it out.
 
 With S seeds, T tries and N tasks the pooled mean's variance is then
-``(between_tasks + (sampling / T + training) / S) / N``, the quantity the runner's CI
-(resampling tasks) measures at the experiment's own design. The fit is by moments and floored at
-0: a planning figure, good to a factor of about 1.5 with a handful of seeds, not a CI of its own.
+``(between_tasks + (sampling / T + training) / S) / N``. At the experiment's own design this is
+the standard error that resampling tasks (the runner's CI) measures, so agreeing with it checks
+nothing; what the split adds is the projection to other designs.
+
+The split treats a seed's before and after evaluations as independent. They share per-step
+sampling seeds (``seed:-1:task:try:step``), which would make them covary if the policy moved
+little; ``covariance`` measures it (the mean over tasks of before and after's covariance across
+seeds). Were it positive, ``sampling`` would be overstated and ``training`` understated by
+2 x covariance / T, and the projection to more tries optimistic by covariance / T; the
+projections over seeds and tasks rest on the measured spread and are unaffected.
+
+The fit is by moments and floored at 0. With two dozen tasks its between-task part is itself
+uncertain, so the seeds it projects are an order of magnitude, not a count to plan to the seed.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -44,19 +55,28 @@ class ChangePrecision:
     between_tasks: float
     sampling: float
     training: float
+    covariance: float = 0.0
 
     def half_width(self, seeds: int, tries: int, tasks: int) -> float:
         """The 95% half-width of the pooled change the model predicts at another design."""
-        per_seed = self.sampling / tries + self.training
-        return Z95 * math.sqrt((self.between_tasks + per_seed / seeds) / tasks)
+        return Z95 * self.standard_error(seeds, tries, tasks)
 
-    def seeds_needed(self, tries: int | None = None, tasks: int | None = None) -> int | None:
-        """The fewest seeds whose predicted 95% CI excludes 0 on the side of the measured change,
-        at ``tries`` and ``tasks`` (the experiment's own by default); None when no number of seeds
-        up to ``MAX_SEEDS`` would (a change of 0, or the tasks' own spread alone too wide)."""
+    def standard_error(self, seeds: int, tries: int, tasks: int) -> float:
+        per_seed = self.sampling / tries + self.training
+        return math.sqrt((self.between_tasks + per_seed / seeds) / tasks)
+
+    def seeds_needed(
+        self, tries: int | None = None, tasks: int | None = None, odds: float = 0.5
+    ) -> int | None:
+        """The fewest seeds at ``tries`` and ``tasks`` (the experiment's own by default) whose 95%
+        CI would exclude 0 with probability ``odds`` if the measured change were the true one:
+        at even odds (0.5) the CI's half-width is the change, at 0.8 the change also clears
+        0.84 standard errors of bad luck. None when no number up to ``MAX_SEEDS`` would (a
+        change of 0, or the tasks' own spread alone too wide)."""
         tries, tasks = tries or self.tries, tasks or self.tasks
+        z = Z95 + NormalDist().inv_cdf(odds)
         for seeds in range(1, MAX_SEEDS + 1):
-            if self.half_width(seeds, tries, tasks) < abs(self.mean):
+            if z * self.standard_error(seeds, tries, tasks) < abs(self.mean):
                 return seeds
         return None
 
@@ -81,6 +101,7 @@ def change_precision(per_seed: Mapping[int, tuple[PerTask, PerTask]], tries: int
 
     within = float(change.var(axis=0, ddof=1).mean())  # a task's change, seed to seed
     sampling = float((episode_variance(before) + episode_variance(after)).mean())
+    deviations = (before - before.mean(axis=0)) * (after - after.mean(axis=0))
     return ChangePrecision(
         mean=float(change.mean()),
         seeds=seeds,
@@ -89,4 +110,5 @@ def change_precision(per_seed: Mapping[int, tuple[PerTask, PerTask]], tries: int
         between_tasks=max(0.0, float(change.mean(axis=0).var(ddof=1)) - within / seeds),
         sampling=sampling,
         training=max(0.0, within - sampling / tries),
+        covariance=float(deviations.sum(axis=0).mean() / (seeds - 1)),
     )

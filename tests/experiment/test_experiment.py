@@ -146,9 +146,9 @@ def test_the_pooled_held_out_change_is_in_the_report(tmp_path):
 
 
 def _evals(wall_s: float | None) -> dict[str, dict[int, dict]]:
-    """arm -> seed -> report eval section over 8 tasks x 4 tries: 'on' gains a quarter on half the
+    """arm -> seed -> report eval section over 16 tasks x 4 tries: 'on' gains a quarter on half the
     tasks on both seeds, 'off' gains on seed 0 what it loses on seed 1."""
-    tasks = [f"t{i}" for i in range(8)]
+    tasks = [f"t{i}" for i in range(16)]
     before = {t: 0.25 + 0.25 * (i % 3) for i, t in enumerate(tasks)}
     after = {
         "off": {0: {t: before[t] + 0.25 for t in tasks}, 1: {t: before[t] - 0.25 for t in tasks}},
@@ -165,27 +165,45 @@ def _evals(wall_s: float | None) -> dict[str, dict[int, dict]]:
 
 
 def test_the_report_says_how_precisely_the_held_out_change_was_measured(tmp_path):
+    from selective_rollout.reporting.power import change_precision
+
     exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1])
     rows = [r for r in _rows() if r["seed"] < 2]  # training 110 s (off), 97.5 s (on) per seed
     evals = _evals(wall_s=30.0)
     held_out = {a: {s: held_out_changes(e) for s, e in per_seed.items()} for a, per_seed in evals.items()}
     write_outputs(tmp_path, exp, rows, held_out, evals)
     md = (tmp_path / "experiment.md").read_text()
-    assert "## How precisely the held-out change is measured" in md and "at 8 tries | at 16 tasks |" in md
-    section = md.split("## How precisely")[1].splitlines()
+    section = md.split("## How precisely the held-out change is measured")[1].splitlines()
     off = next(ln for ln in section if ln.startswith("| off | +0.0% |"))
-    assert off.count("not within reach") == 3  # no change: no number of seeds shows one
+    assert off.count("none / none") == 3  # no change: no number of seeds shows one
     on = next(ln for ln in section if ln.startswith("| on | +12.5% |")).split(" | ")
-    # the same change on both seeds and a training spread of 0: the tasks' and the sampling's remain
-    assert on[5] == "0.0000"
-    seeds = int(on[6].split()[0])
-    # per seed: both arms' training (207.5 s) + 2 after and 1 shared before evaluation (90 s)
-    assert on[6] == f"{seeds} ({seeds * 297.5 / 60:.0f} min)"
+    assert on[3:5] == ["4 x 16", f"{change_precision(_per_seed(evals['on']), 4).between_tasks:.4f}"]
+    # the same change on both seeds: no seed-to-seed spread, and no covariance
+    assert on[6:8] == ["0.0000", "+0.0000"]
+    fit = change_precision(_per_seed(evals["on"]), 4)
+    even, likely = fit.seeds_needed(), fit.seeds_needed(odds=0.8)
+    # per seed: both arms' training (207.5 s) + 2 after and 1 shared before evaluation (90 s), the
+    # evaluations twice as long at twice the tries
+    assert on[8] == f"{even} ({even * 297.5 / 3600:.1f} h) / {likely} ({likely * 297.5 / 3600:.1f} h)"
+    even8 = fit.seeds_needed(tries=8)
+    assert on[9].startswith(f"{even8} ({even8 * 387.5 / 3600:.1f} h) / ")
+    # arms that played their own 'before' pay for it twice
+    for arm, per_seed in evals.items():
+        for e in per_seed.values():
+            e["before"] = {**e["before"], "wall_s": 30.0 + (arm == "on")}
+    write_outputs(tmp_path, exp, rows, held_out, evals)
+    md = (tmp_path / "experiment.md").read_text()
+    on = next(ln for ln in md.split("## How precisely")[1].splitlines() if ln.startswith("| on |"))
+    assert f"{even} ({even * 328.5 / 3600:.1f} h) / " in on
     write_outputs(tmp_path, exp, rows, held_out, _evals(wall_s=None))
     md = (tmp_path / "experiment.md").read_text()
-    assert "did not record their evaluation times" in md and " min)" not in md
+    assert "did not record their evaluation times" in md and " h) / " not in md
     write_outputs(tmp_path, exp, rows, held_out)
     assert "How precisely" not in (tmp_path / "experiment.md").read_text()
+
+
+def _per_seed(runs: dict[int, dict]) -> dict[int, tuple[dict, dict]]:
+    return {s: (e["before"]["per_task"], e["after"]["per_task"]) for s, e in runs.items()}
 
 
 def _logged(run: Path, groups: list[tuple[int, str, list[float | None], Outcome]]) -> Path:

@@ -35,17 +35,29 @@ def test_the_components_of_a_simulated_experiment_are_recovered():
     assert fit.mean == pytest.approx(0.05, abs=0.02)
 
 
-def test_the_model_half_width_matches_the_spread_of_repeated_experiments():
-    # 300 experiments of 4 seeds x 24 tasks x 4 tries from one truth: the predicted 95% half-width
-    # at that design is 1.96 standard deviations of their pooled changes
+def test_a_fit_at_one_design_predicts_the_spread_at_another():
+    # fitted on experiments of 4 seeds x 4 tries (24 tasks), the model's half-width for 12 seeds
+    # x 8 tries is 1.96 standard deviations of the pooled changes of experiments of that design
     rng = np.random.default_rng(1)
-    means, fits = [], []
+    fits = [change_precision(_simulated(4, 24, 4, 0.01, 0.02, rng), 4) for _ in range(100)]
+    means = []
     for _ in range(300):
-        runs = _simulated(4, 24, 4, between=0.01, training=0.02, rng=rng)
-        fits.append(change_precision(runs, 4))
+        runs = _simulated(12, 24, 8, 0.01, 0.02, rng)
         means.append(np.mean([a[t] - b[t] for b, a in runs.values() for t in b]))
-    predicted = np.median([f.half_width(4, 4, 24) for f in fits])
+    predicted = np.median([f.half_width(12, 8, 24) for f in fits])
     assert predicted == pytest.approx(Z95 * np.std(means), rel=0.25)
+
+
+def test_before_and_after_covary_when_they_share_their_draws():
+    rng = np.random.default_rng(3)
+    independent = change_precision(_simulated(8, 200, 4, 0.01, 0.0, rng), 4)
+    assert abs(independent.covariance) < 0.005
+    # the policy did not move and the evaluations drew the same episodes: after = before
+    runs = _simulated(8, 200, 4, 0.01, 0.0, rng)
+    same = change_precision({s: (b, b) for s, (b, _) in runs.items()}, 4)
+    spread = np.mean([np.var([runs[s][0][t] for s in runs], ddof=1) for t in runs[0][0]])
+    assert same.covariance == pytest.approx(spread) and same.covariance > 0.02
+    assert same.mean == 0.0 and same.training == 0.0
 
 
 def test_more_seeds_tries_and_tasks_narrow_the_ci_down_to_the_tasks_own_spread():
@@ -59,6 +71,10 @@ def test_more_seeds_tries_and_tasks_narrow_the_ci_down_to_the_tasks_own_spread()
     needed = fit.seeds_needed()
     assert needed is not None
     assert fit.half_width(needed, 4, 24) < 0.06 <= fit.half_width(needed - 1, 4, 24)
+    # 80% odds: the half-width plus 0.84 standard errors of bad luck must fit under the change
+    likely = fit.seeds_needed(odds=0.8)
+    assert likely is not None and likely > needed
+    assert (Z95 + 0.8416) * fit.standard_error(likely, 4, 24) < 0.06
     assert fit.seeds_needed(tries=8) <= needed and fit.seeds_needed(tasks=48) < needed
     # the tasks' own spread alone is wider than the change: no number of seeds on 24 tasks
     floor = Z95 * np.sqrt(0.01 / 24)
