@@ -282,7 +282,7 @@ def pooled_held_out(
         if arm != reference:
             ref = changes[reference]
             versus = [
-                {t: c[t] - ref[seed][t] for t in c.keys() & ref[seed].keys()}
+                {t: c[t] - ref[seed][t] for t in sorted(c.keys() & ref[seed].keys())}
                 for seed, c in per_seed.items()
                 if seed in ref
             ]
@@ -329,13 +329,11 @@ def write_outputs(
     out: Path,
     exp: ExperimentConfig,
     rows: list[dict[str, Any]],
-    held_out: dict[str, dict[int, dict[str, float]]] | None = None,
     evals: dict[str, dict[int, dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """``experiment.csv``, ``experiment.md`` and ``experiment.png`` from the per-arm-and-seed rows;
-    ``held_out`` (arm -> seed -> task -> change), when given, adds the pooled held-out section,
-    and ``evals`` (arm -> seed -> the run's report ``eval`` section, with its config's ``tries``)
-    how precisely it was measured."""
+    ``evals`` (arm -> seed -> the run's report ``eval`` section, with its config's ``tries``),
+    when given, adds the held-out change pooled over seeds and how precisely it was measured."""
     arms = list(exp.arms)
     with (out / "experiment.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=["arm", "seed", *METRICS])
@@ -372,9 +370,11 @@ def write_outputs(
         )
     if len(exp.seeds) < 3:
         lines += ["", f"With {len(exp.seeds)} seed(s) the bootstrap CI is only indicative."]
-    pooled = pooled_held_out(held_out or {}, arms[0], exp.bootstrap)
+    evals = evals or {}
+    changes = {arm: {s: held_out_changes(e) for s, e in runs.items()} for arm, runs in evals.items()}
+    pooled = pooled_held_out(changes, arms[0], exp.bootstrap)
     lines += held_out_section(pooled, arms[0])
-    lines += precision_section(pooled, evals or {}, rows)
+    lines += precision_section(pooled, evals, rows)
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
     plot(out / "experiment.png", rows, arms, pooled)
@@ -413,8 +413,9 @@ def _seed_seconds(
     for seed in next(iter(evals[a] for a in fits)):
         runs = [evals[a].get(seed, {}) for a in fits]
         # arms that share a seed's 'before' (share_before_eval) played it once: count it once
-        befores = {json.dumps(r.get("before", {}), sort_keys=True): r.get("before", {}) for r in runs}
-        walls = [b.get("wall_s") for b in befores.values()] + [r.get("after", {}).get("wall_s") for r in runs]
+        befores = [r.get("before", {}) for r in runs]
+        played = [b for i, b in enumerate(befores) if b not in befores[:i]]
+        walls = [b.get("wall_s") for b in played] + [r.get("after", {}).get("wall_s") for r in runs]
         if any(w is None for w in walls):
             return None
         evals_s.append(sum(walls))
@@ -587,7 +588,6 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
     out = out or Path("runs") / f"experiment-{exp.name}"
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
-    held_out: dict[str, dict[int, dict[str, float]]] = {}
     evals_by_arm: dict[str, dict[int, dict[str, Any]]] = {}
     reference = next(iter(exp.arms))
     known_before: dict[str, dict[str, Any]] = {}
@@ -614,9 +614,8 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
                 row.update(paired_cut_precision(out / f"{reference}-s{seed}", run_dir))
             rows.append(row)
             run_dirs.append(run_dir)
-            held_out.setdefault(arm, {})[seed] = held_out_changes(evals)
             evals_by_arm.setdefault(arm, {})[seed] = {"tries": cfg.eval.tries, **evals}
-    write_outputs(out, exp, rows, held_out, evals_by_arm)
+    write_outputs(out, exp, rows, evals_by_arm)
     if exp.sweep is not None:
         pooled_sweep(out, exp.sweep, run_dirs)
     return out / "experiment.md"

@@ -38,8 +38,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-Z95 = 1.959963984540054  # two-sided 95% normal quantile
-MAX_SEEDS = 200  # beyond this a design is not one anybody would run: "not within reach"
+Z95 = NormalDist().inv_cdf(0.975)  # two-sided 95%
+MAX_SEEDS = 200  # beyond this a design is not one anybody would run: the report says "none"
 
 PerTask = Mapping[str, float]
 
