@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
-from selective_rollout.policy_eval import per_task_changes
+from selective_rollout.policy_eval import per_task_changes, per_try_changes
 from selective_rollout.reporting.power import change_precision
 from selective_rollout.stats import bootstrap_ci, cluster_bootstrap_ci
 
@@ -435,13 +435,11 @@ def precision_section(
     fits = {}
     for p in pooled:
         runs = evals.get(p["arm"], {})
-        per_seed = {
-            s: (e["before"]["per_task"], e["after"]["per_task"])
-            for s, e in runs.items()
-            if "before" in e and "after" in e
-        }
+        done = {s: e for s, e in runs.items() if "before" in e and "after" in e}
+        per_seed = {s: (e["before"]["per_task"], e["after"]["per_task"]) for s, e in done.items()}
+        try_changes = {s: per_try_changes(e["before"], e["after"]) for s, e in done.items()}
         tries = {e["tries"] for e in runs.values()}
-        fit = change_precision(per_seed, tries.pop()) if len(tries) == 1 else None
+        fit = change_precision(per_seed, tries.pop(), try_changes) if len(tries) == 1 else None
         if fit is not None:
             fits[p["arm"]] = (p, fit)
     if not fits:
@@ -478,10 +476,12 @@ def precision_section(
         "## How precisely the held-out change is measured, and what would measure it",
         "",
         "A task's change varies with the task (its true change), the sampling (tries are binomial "
-        "draws, before and after) and the seed (runs train to different weights), fitted by moments "
+        "draws, before and after: measured from the tries' paired outcomes where the runs recorded "
+        "them) and the seed (runs train to different weights), fitted by moments "
         "from these runs (`selective_rollout/reporting/power.py`); at this design the model's "
         "half-width is the bootstrap's standard error, so their agreement checks nothing. Covariance: "
-        "of a task's before and after across seeds (they share sampling seeds; the split assumes 0). "
+        "of a task's before and after across seeds (they share sampling seeds; without per-try "
+        "outcomes the split assumes 0). "
         "Seeds for the 95% CI to exclude 0 with even / 80% odds if the measured change were the "
         "true one, an order of magnitude (the fit itself is uncertain)" + cost,
         "",

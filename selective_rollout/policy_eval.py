@@ -28,6 +28,7 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
     """Per-task success (mean over its tries), then the mean over tasks, overall and per type."""
     per_task: list[float] = []
     by_task: dict[str, float] = {}
+    by_try: dict[str, list[int | None]] = {}
     by_type: dict[str, list[float]] = defaultdict(list)
     failed: dict[str, str] = {}
     for g in groups:
@@ -38,6 +39,9 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
         rate = sum(t.won for t in done) / len(done)
         per_task.append(rate)
         by_task[g.task_id] = rate
+        by_try[g.task_id] = [
+            None if t.reward is None else int(t.won) for t in sorted(g.trajectories, key=lambda t: t.index)
+        ]
         by_type[g.task_type].append(rate)
     lo, hi = bootstrap_ci(per_task, resamples, seed)
     return {
@@ -50,6 +54,9 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
             k: {"success_rate": float(np.mean(v)), "tasks": len(v)} for k, v in sorted(by_type.items())
         },
         "per_task": by_task,
+        # each try's outcome in try order: a try of the same task plays with the same sampling
+        # seeds in every evaluation, so before and after can be paired try by try
+        "per_try": by_try,
     }
 
 
@@ -63,7 +70,39 @@ def success_gain(
         return None
     diffs = list(changes.values())
     lo, hi = bootstrap_ci(diffs, resamples, seed)
-    return {"mean": float(np.mean(diffs)), "ci95": [lo, hi], "tasks": len(diffs)}
+    return {
+        "mean": float(np.mean(diffs)),
+        "ci95": [lo, hi],
+        "tasks": len(diffs),
+        "try_correlation": try_correlation(before, after),
+    }
+
+
+def per_try_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[int]]:
+    """After minus before outcome per try (paired by try index: the same sampling seeds), per task
+    both summaries played every try of; empty for summaries that predate ``per_try``."""
+    b, a = before.get("per_try", {}), after.get("per_try", {})
+    return {
+        task: [x - y for x, y in zip(a[task], b[task], strict=True)]
+        for task in sorted(b.keys() & a.keys())
+        if len(a[task]) == len(b[task]) and None not in a[task] and None not in b[task]
+    }
+
+
+def try_correlation(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """How alike a try's before and after outcomes are beyond their task's rates: the correlation,
+    pooled over tasks, of the two outcomes' deviations from their task's mean over tries. 0 when
+    the shared sampling seeds pair nothing (the paired change then carries both evaluations'
+    sampling noise), 1 when every try repeats its outcome. None without per-try outcomes or
+    without variation."""
+    b, a = before.get("per_try", {}), after.get("per_try", {})
+    tasks = per_try_changes(before, after)
+    if not tasks:
+        return None
+    dev_b = np.concatenate([np.subtract(b[t], np.mean(b[t])) for t in tasks])
+    dev_a = np.concatenate([np.subtract(a[t], np.mean(a[t])) for t in tasks])
+    scale = float(np.sqrt((dev_b**2).sum() * (dev_a**2).sum()))
+    return float((dev_b * dev_a).sum() / scale) if scale > 0 else None
 
 
 def per_task_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:

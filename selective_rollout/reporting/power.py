@@ -7,8 +7,10 @@ three reasons, each estimated from the experiment's own runs:
 - **tasks**: the true change differs from task to task (``between_tasks``); only more tasks
   average it out;
 - **sampling**: a task's success rate over ``tries`` sampled episodes is a binomial draw, before
-  and after (``sampling``: the per-episode variance p(1 - p) of the two evaluations, summed);
-  more tries or more seeds average it out;
+  and after (``sampling``: the per-episode variance of a try's after - before); more tries or
+  more seeds average it out. With the tries' outcomes recorded (``try_changes``) it is measured
+  from their paired differences, so whatever the shared sampling seeds cancel is counted;
+  without, it is the two evaluations' p(1 - p) summed, which assumes they cancel nothing;
 - **seed**: runs on different seeds train to different weights (their task order and rollout
   sampling differ too); ``training`` is the spread of a task's change across seeds that sampling
   does not explain; only more seeds average it out.
@@ -18,12 +20,13 @@ With S seeds, T tries and N tasks the pooled mean's variance is then
 the standard error that resampling tasks (the runner's CI) measures, so agreeing with it checks
 nothing; what the split adds is the projection to other designs.
 
-The split treats a seed's before and after evaluations as independent. They share per-step
-sampling seeds (``seed:-1:task:try:step``), which would make them covary if the policy moved
-little; ``covariance`` measures it (the mean over tasks of before and after's covariance across
-seeds). Were it positive, ``sampling`` would be overstated and ``training`` understated by
-2 x covariance / T, and the projection to more tries optimistic by covariance / T; the
-projections over seeds and tasks rest on the measured spread and are unaffected.
+Without per-try outcomes the split treats a seed's before and after evaluations as independent.
+They share per-step sampling seeds (``seed:-1:task:try:step``), which make them covary if the
+policy moved little; ``covariance`` measures it (the mean over tasks of before and after's
+covariance across seeds). Were it positive, ``sampling`` would be overstated and ``training``
+understated by 2 x covariance / T, and the projection to more tries optimistic by
+covariance / T; the projections over seeds and tasks rest on the measured spread and are
+unaffected.
 
 The fit is by moments and floored at 0. With two dozen tasks its between-task part is itself
 uncertain, so the seeds it projects are an order of magnitude, not a count to plan to the seed.
@@ -32,7 +35,7 @@ uncertain, so the seeds it projects are an order of magnitude, not a count to pl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -81,10 +84,16 @@ class ChangePrecision:
         return None
 
 
-def change_precision(per_seed: Mapping[int, tuple[PerTask, PerTask]], tries: int) -> ChangePrecision | None:
+def change_precision(
+    per_seed: Mapping[int, tuple[PerTask, PerTask]],
+    tries: int,
+    try_changes: Mapping[int, Mapping[str, Sequence[float]]] | None = None,
+) -> ChangePrecision | None:
     """Fit the components from ``seed -> (before, after)`` per-task success rates, each a mean
-    over ``tries`` episodes, on the tasks every seed scored before and after. None with fewer
-    than 2 seeds (no spread across seeds to split), 2 tasks or 2 tries."""
+    over ``tries`` episodes, on the tasks every seed scored before and after; ``try_changes``
+    (``seed -> task -> after - before per try``, ``policy_eval.per_try_changes``), when it covers
+    those tasks on every seed, measures the sampling term. None with fewer than 2 seeds (no
+    spread across seeds to split), 2 tasks or 2 tries."""
     if tries < 2 or len(per_seed) < 2:
         return None
     pairs = list(per_seed.values())
@@ -101,6 +110,10 @@ def change_precision(per_seed: Mapping[int, tuple[PerTask, PerTask]], tries: int
 
     within = float(change.var(axis=0, ddof=1).mean())  # a task's change, seed to seed
     sampling = float((episode_variance(before) + episode_variance(after)).mean())
+    if try_changes is not None and all(t in try_changes.get(s, {}) for s in per_seed for t in tasks):
+        # a try's change, try to try within its seed and task: the same binomial noise, with
+        # whatever the two evaluations' shared seeds pair already taken out
+        sampling = float(np.mean([np.var(try_changes[s][t], ddof=1) for s in per_seed for t in tasks]))
     deviations = (before - before.mean(axis=0)) * (after - after.mean(axis=0))
     return ChangePrecision(
         mean=float(change.mean()),

@@ -223,7 +223,12 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
     before, after = evals.get("before"), evals.get("after")
     gain = success_gain(before, after) if before and after else None
     change = (
-        f"{gain['mean']:+.1%} (95% CI {gain['ci95'][0]:+.1%}..{gain['ci95'][1]:+.1%}, {gain['tasks']} tasks)"
+        f"{gain['mean']:+.1%} (95% CI {gain['ci95'][0]:+.1%}..{gain['ci95'][1]:+.1%}, {gain['tasks']} tasks"
+        + (
+            f"; a try's before and after outcomes correlate {gain['try_correlation']:+.2f} within tasks)"
+            if gain.get("try_correlation") is not None
+            else ")"
+        )
         if gain
         else "not measured: no evaluation before and after on the same tasks"
     )

@@ -93,3 +93,19 @@ def test_too_little_data_has_no_fit():
     assert change_precision({**one, 1: one[0]}, tries=1) is None  # one try: no binomial spread
     fit = change_precision({**one, 1: one[0]}, tries=4)
     assert fit is not None and fit.training == 0.0 and fit.between_tasks == 0.0  # floored, not negative
+
+
+def test_paired_tries_measure_the_sampling_the_shared_draws_cancel():
+    rng = np.random.default_rng(5)
+    runs = _simulated(6, 100, 4, 0.01, 0.01, rng)
+    unpaired = change_precision(runs, 4)
+    # every try of every task repeated its outcome: the paired tries carry no sampling noise
+    changes = {s: {t: [0, 0, 0, 0] for t in b} for s, (b, _) in runs.items()}
+    assert change_precision(runs, 4, changes).sampling == 0.0
+    changes[0]["t0"] = [1, 0, 0, -1]  # one task of one seed flipped two tries
+    paired = change_precision(runs, 4, changes)
+    assert paired.sampling == pytest.approx(np.var([1, 0, 0, -1], ddof=1) / (6 * 100))
+    assert paired.training > unpaired.training  # what sampling no longer explains is the seeds'
+    # try changes missing for a task of some seed: the binomial estimate, not a partial one
+    del changes[3]["t5"]
+    assert change_precision(runs, 4, changes).sampling == unpaired.sampling

@@ -72,3 +72,19 @@ def test_held_out_gain_is_paired_per_task():
     assert gain["tasks"] == 3 and gain["mean"] == pytest.approx(2 / 3)
     assert 0.0 <= gain["ci95"][0] <= 2 / 3 <= gain["ci95"][1] <= 1.0
     assert success_gain({"per_task": {}}, after) is None
+
+
+def test_held_out_tries_pair_by_index_and_their_correlation_is_measured():
+    from selective_rollout.policy_eval import per_try_changes, success_gain, try_correlation
+
+    rates = {"a": 0.5, "b": 0.5, "c": 0.5}
+    before = {"per_task": rates, "per_try": {"a": [1, 0], "b": [0, 1], "c": [1, None]}}
+    repeated = {"per_task": rates, "per_try": {"a": [1, 0], "b": [0, 1], "c": [1, 0]}}
+    swapped = {"per_task": rates, "per_try": {"a": [0, 1], "b": [1, 0], "c": [0, 1]}}
+    # "c" lost an episode before: it is not paired
+    assert per_try_changes(before, swapped) == {"a": [-1, 1], "b": [1, -1]}
+    assert try_correlation(before, repeated) == pytest.approx(1.0)
+    assert try_correlation(before, swapped) == pytest.approx(-1.0)
+    assert success_gain(before, repeated, resamples=100)["try_correlation"] == pytest.approx(1.0)
+    # summaries from before per-try outcomes were recorded: no correlation, no failure
+    assert success_gain({"per_task": {"a": 0.0}}, {"per_task": {"a": 1.0}})["try_correlation"] is None

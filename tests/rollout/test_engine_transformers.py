@@ -500,3 +500,28 @@ def test_a_request_that_breaks_the_batched_prefill_fails_alone(hf_engine, monkey
     breaks, *fine = run(go())
     assert isinstance(breaks, EngineError) and "breaks failed at prefill" in str(breaks)
     assert all(c.outputs[0].finish_reason in ("stop", "length") for c in fine)
+
+
+def test_the_exponential_race_samples_exactly_and_keys_its_noise_by_token_id():
+    """Each draw is a sample of ``probs``; and with the same generator seed a token meets the same
+    noise whatever else the allowed list holds, so two nearly equal distributions over different
+    lists pick alike (``torch.multinomial`` over the list's positions does not)."""
+    race = transformers_engine._exponential_race
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    allowed = torch.tensor([7, 3, 11])
+    picks = [race(probs, allowed, 16, torch.Generator().manual_seed(s)) for s in range(4000)]
+    counts = torch.bincount(torch.tensor(picks), minlength=3) / len(picks)
+    assert torch.allclose(counts, probs, atol=0.03)
+
+    # the same tokens, listed in another order and beside a token of tiny probability
+    other_allowed = torch.tensor([2, 11, 7, 3])
+    other_probs = torch.tensor([0.001, 0.2, 0.5, 0.3])
+    same = by_position = 0
+    for s in range(500):
+        token = int(allowed[race(probs, allowed, 16, torch.Generator().manual_seed(s))])
+        other = int(other_allowed[race(other_probs, other_allowed, 16, torch.Generator().manual_seed(s))])
+        same += token == other
+        a = int(allowed[torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(s))])
+        b = other_allowed[torch.multinomial(other_probs, 1, generator=torch.Generator().manual_seed(s))]
+        by_position += a == int(b)
+    assert same >= 495 and by_position < 400

@@ -228,6 +228,24 @@ class _Batch:
         return [(k[row : row + 1, :, real], v[row : row + 1, :, real]) for k, v in self.kv]
 
 
+def _exponential_race(
+    probs: torch.Tensor, allowed: torch.Tensor | None, vocab: int, generator: torch.Generator
+) -> int:
+    """Sample an index of ``probs`` as argmax(p / E) with one Exp(1) draw per *vocabulary* token
+    (``probs[i]`` is token ``allowed[i]``, or token i without a constraint).
+
+    Why not ``torch.multinomial`` over the allowed tokens: it races the same way, but its draws
+    are indexed by position in the allowed list, which changes with the admissible commands. Drawn
+    per token id, a sequence's k-th sampled token sees the same noise for "go" whatever the list
+    holds, as vLLM's sampler does (one draw per vocabulary entry from the request's generator).
+    Two evaluations of a task that share the step seeds (before and after training) then keep
+    picking alike wherever the two policies nearly agree, also after their episodes part, so their
+    paired difference carries less sampling noise; each draw is still an exact sample."""
+    noise = torch.empty(vocab).exponential_(1.0, generator=generator)
+    race = noise if allowed is None else noise.index_select(0, allowed)
+    return int((probs / race).argmax())
+
+
 def _scored(seq: _Seq, logprob: float) -> None:
     """Record the log-prob of ``seq``'s next unscored token and stream that token: a stream
     carries only scored tokens, so what an aborted output streamed is what its completion holds."""
@@ -729,7 +747,7 @@ class TransformersEngine(RolloutEngine):
                 sorted_p, order = probs.sort(descending=True)
                 keep = sorted_p.cumsum(0) - sorted_p < sp.top_p  # always keeps the top token
                 probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-            pick = int(torch.multinomial(probs, 1, generator=seq.generator))
+            pick = _exponential_race(probs, allowed, logits.numel(), seq.generator)
         token = pick if allowed is None else int(allowed[pick])
         self._emit(seq, token)
         _scored(seq, float(logprobs[token]))
