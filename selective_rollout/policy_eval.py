@@ -2,9 +2,11 @@
 
 The driver calls :func:`success_summary` on the groups the coordinator's evaluator returns
 (no gate, no filter, greedy or sampled, one or k tries per task). As a CLI it evaluates any
-HF model folder (an SFT warm start, an exported policy, a hub model on machines that have it):
+HF model folder (an SFT warm start, an exported policy, a hub model on machines that have it), or
+a training run's policy (its latest checkpoint, exported on the way: ``trainer/export.py``):
 
     python -m selective_rollout.policy_eval --checkpoint DIR --split valid_unseen [--tries 3 --sampled]
+    python -m selective_rollout.policy_eval --checkpoint runs/train-cpu --num-tasks 24 --tries 4 --sampled
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -165,8 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--checkpoint", required=True, help="HF model folder, or a model alias")
-    parser.add_argument("--config", default="configs/cpu_default.yaml")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="HF model folder, model alias, or a training run folder / iter_* checkpoint (exported first)",
+    )
+    parser.add_argument(
+        "--config", default=None, help="default: a run's own config.yaml, else configs/cpu_default.yaml"
+    )
     parser.add_argument("--split", default=None, choices=["train", "valid_seen", "valid_unseen"])
     parser.add_argument("--num-tasks", type=int, default=None)
     parser.add_argument("--tries", type=int, default=None)
@@ -186,11 +195,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sampled:
         extra.append("eval.greedy=false")
     try:
-        cfg = load_config(args.config, [*args.overrides, *extra])
-        from selective_rollout.models import resolve_model
+        from selective_rollout.trainer.export import export_run, find_checkpoint, is_training_checkpoint
 
-        model_path = resolve_model(args.checkpoint, cfg.engine.model_cache_dir)
-        summary = run_evaluation(cfg, model_path)
+        run = is_training_checkpoint(args.checkpoint)
+        config = args.config or (
+            find_checkpoint(args.checkpoint)[0] / "config.yaml" if run else "configs/cpu_default.yaml"
+        )
+        cfg = load_config(config, [*args.overrides, *extra])
+        with tempfile.TemporaryDirectory(prefix="policy-") as exported:
+            if run:
+                model_path = export_run(args.checkpoint, exported)
+            else:
+                from selective_rollout.models import resolve_model
+
+                model_path = resolve_model(args.checkpoint, cfg.engine.model_cache_dir)
+            summary = run_evaluation(cfg, model_path)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,13 +2,17 @@
 
 import math
 import random
+import shutil
 
 import pytest
 import ray
+from transformers import AutoModelForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
 from selective_rollout.precision import native_bf16
 from selective_rollout.trainer import LearnerGroup, latest_checkpoint
+from selective_rollout.trainer.export import export_policy
+from selective_rollout.trainer.modeling import checksum
 from tests.trainer.conftest import make_batch, with_choices
 from tests.trainer.engine_double import EngineDouble
 
@@ -154,7 +158,10 @@ def test_weight_sync_makes_the_engine_score_like_the_learner(ray_cluster, tiny_m
             ray.kill(engine)
 
 
-def test_resume_after_kill_reproduces_the_next_step(ray_cluster, tiny_model_dir, tmp_path):
+def test_resume_after_kill_reproduces_the_next_step(
+    ray_cluster, tiny_model_dir, smollm2_tokenizer, tmp_path, tmp_path_factory
+):
+    """... and the checkpoint exports (trainer/export.py) to an HF model of the weights it saved."""
     cfg = TrainerConfig(lr=1e-3, warmup_steps=5, num_learners=2, zero_stage=1, keep_checkpoints=1)
     first, second, third = batches(3)
     group = LearnerGroup(cfg, tiny_model_dir, seed=2)
@@ -162,6 +169,13 @@ def test_resume_after_kill_reproduces_the_next_step(ray_cluster, tiny_model_dir,
     group.save_checkpoint(tmp_path, {"iteration": 1, "cursor": 9})
     group.train_step(second)
     path = group.save_checkpoint(tmp_path, {"iteration": 2, "cursor": 17})
+    saved_sum = group.weights_checksum()
+    start = tmp_path_factory.mktemp("start")
+    shutil.copytree(tiny_model_dir, start, dirs_exist_ok=True)
+    smollm2_tokenizer.save_pretrained(start)
+    hf = export_policy(path, cfg, start, tmp_path_factory.mktemp("hf"))
+    exported = AutoModelForCausalLM.from_pretrained(hf)
+    assert checksum(exported.named_parameters()) == pytest.approx(saved_sum, rel=1e-12)
     expected = group.train_step(third)
     expected_sum = group.weights_checksum()
     group.shutdown()  # the kill: nothing survives but the checkpoint folder

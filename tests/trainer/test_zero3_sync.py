@@ -3,6 +3,7 @@ at a time, never the whole model, and the engine still receives every weight (Lo
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
 from selective_rollout.trainer import LearnerGroup
+from selective_rollout.trainer.export import export_policy
 from tests.trainer.conftest import VOCAB, make_batch
 from tests.trainer.engine_double import EngineDouble
 
@@ -65,7 +67,10 @@ def _module_of(name: str) -> str:
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_zero3_sync_gathers_one_module_at_a_time(ray_cluster, wide_model_dir, lora):
+def test_zero3_sync_gathers_one_module_at_a_time(
+    ray_cluster, wide_model_dir, lora, smollm2_tokenizer, tmp_path_factory
+):
+    """... and a ZeRO-3 checkpoint exports (trainer/export.py) to a model that scores as the learner."""
     cfg = TrainerConfig(
         lr=1e-2, num_learners=2, zero_stage=3, weight_sync="gloo", lora=LoraConfig(enabled=lora, rank=4)
     )
@@ -88,6 +93,16 @@ def test_zero3_sync_gathers_one_module_at_a_time(ray_cluster, wide_model_dir, lo
         probe = [e.token_ids for e in make_batch(9, {"p": [0.0, 1.0]})]
         for x, y in zip(ray.get(engine.logprobs.remote(probe)), group.logprobs(probe), strict=True):
             assert x == pytest.approx(y, abs=1e-5)
+
+        saved = group.save_checkpoint(tmp_path_factory.mktemp("ckpt"), {"iteration": 1})
+        start = tmp_path_factory.mktemp("start")
+        shutil.copytree(wide_model_dir, start, dirs_exist_ok=True)
+        smollm2_tokenizer.save_pretrained(start)
+        hf = export_policy(saved, cfg, start, tmp_path_factory.mktemp("hf"))
+        exported = ray.remote(EngineDouble).remote(str(hf))
+        for x, y in zip(ray.get(exported.logprobs.remote(probe)), group.logprobs(probe), strict=True):
+            assert x == pytest.approx(y, abs=1e-5)
+        ray.kill(exported)
     finally:
         group.shutdown()
         ray.kill(engine)
