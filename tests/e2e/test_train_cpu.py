@@ -92,6 +92,9 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     summary = json.loads((run_dir / "report.json").read_text())
     assert summary["iterations"] == 2 and {"before", "after"} <= set(summary["eval"])
     assert all(e["wall_s"] > 0 for e in summary["eval"].values())  # what an experiment's precision costs
+    for e in summary["eval"].values():  # every try's outcome, for pairing before and after try by try
+        assert e["per_try"].keys() == e["per_task"].keys()
+        assert all(sum(w) / len(w) == e["per_task"][t] for t, w in e["per_try"].items())
     rollout, regime = summary["rollout"], summary["regime"]
     assert regime["k"] == 2 and regime["groups"] == sum(g.zero_variance is not None for g in groups)
     saving_row = next(ln for ln in text.splitlines() if ln.startswith("| step-tokens saved"))
