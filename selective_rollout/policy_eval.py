@@ -195,12 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sampled:
         extra.append("eval.greedy=false")
     try:
-        from selective_rollout.trainer.export import export_run, find_checkpoint, is_training_checkpoint
+        from selective_rollout.trainer.export import export_run, run_folder_of
 
-        run = is_training_checkpoint(args.checkpoint)
-        config = args.config or (
-            find_checkpoint(args.checkpoint)[0] / "config.yaml" if run else "configs/cpu_default.yaml"
-        )
+        run = run_folder_of(args.checkpoint)
+        config = args.config or (run / "config.yaml" if run else "configs/cpu_default.yaml")
         cfg = load_config(config, [*args.overrides, *extra])
         with tempfile.TemporaryDirectory(prefix="policy-") as exported:
             if run:

@@ -43,16 +43,16 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     return root.parent, latest
 
 
-def is_training_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` names a run folder or checkpoint (rather than an HF model folder)."""
+def run_folder_of(path: str | Path) -> Path | None:
+    """The run folder when ``path`` names a run folder or one of its checkpoints (see
+    ``find_checkpoint``); None for anything else, such as an HF model folder or a model alias."""
     path = Path(path)
     if not path.is_dir() or (path / "config.json").is_file():
-        return False
+        return None
     try:
-        find_checkpoint(path)
+        return find_checkpoint(path)[0]
     except (FileNotFoundError, ValueError):
-        return False
-    return True
+        return None
 
 
 def checkpoint_weights(checkpoint: Path, zero_stage: int) -> dict[str, torch.Tensor]:

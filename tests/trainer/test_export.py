@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config import dump_config, load_config
-from selective_rollout.trainer.export import export_run, find_checkpoint, is_training_checkpoint
+from selective_rollout.trainer.export import export_run, find_checkpoint, run_folder_of
 from selective_rollout.trainer.modeling import load_policy, merged_weights
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cpu_default.yaml"
@@ -56,7 +56,8 @@ def test_a_full_fine_tune_exports_the_checkpoints_weights(start_model: Path, tmp
 
     assert find_checkpoint(run) == (run, run / "checkpoints" / "iter_00000003")  # the latest
     assert find_checkpoint(run / "checkpoints" / "iter_00000003")[0] == run
-    assert is_training_checkpoint(run) and not is_training_checkpoint(start_model)
+    assert run_folder_of(run) == run_folder_of(run / "checkpoints" / "iter_00000001") == run
+    assert run_folder_of(start_model) is None
     out = export_run(run, tmp_path / "policy")
     exported = _params(out)
     for name, param in trained.named_parameters():
@@ -94,4 +95,45 @@ def test_a_checkpoint_of_another_model_or_missing_weights_is_refused(start_model
         export_run(_run(tmp_path / "b", start_model, state), tmp_path / "b" / "policy")
     with pytest.raises(FileNotFoundError, match="no complete training checkpoint"):
         export_run(tmp_path, tmp_path / "c")
-    assert not is_training_checkpoint(tmp_path / "c")
+    assert run_folder_of(tmp_path / "c") is None
+
+
+def test_policy_eval_evaluates_a_run_folder_as_its_exported_policy_with_its_config(
+    start_model: Path, tmp_path: Path, monkeypatch, capsys
+):
+    """``policy_eval --checkpoint runs/<run>``: the run's latest checkpoint is exported on the way,
+    the run's own config.yaml is used (overrides and flags on top), the temporary export is gone
+    afterwards; an HF folder is evaluated as it is, with the profile's config."""
+    import selective_rollout.policy_eval as policy_eval
+
+    trained = AutoModelForCausalLM.from_pretrained(start_model, dtype=torch.float32)
+    with torch.no_grad():
+        next(trained.parameters()).add_(1.0)
+    run = _run(tmp_path, start_model, trained.state_dict(), "eval.num_tasks=5")
+    seen: list[tuple[object, Path, dict[str, torch.Tensor]]] = []
+
+    def evaluation(cfg, model_path):
+        seen.append((cfg, Path(model_path), _params(model_path)))
+        return {
+            "success_rate": 0.5,
+            "ci95": [0.2, 0.8],
+            "tasks": cfg.eval.num_tasks,
+            "by_type": {},
+            "failed_tasks": 0,
+        }
+
+    monkeypatch.setattr(policy_eval, "run_evaluation", evaluation)
+    out = tmp_path / "summary.json"
+    assert policy_eval.main(["--checkpoint", str(run), "--tries", "3", "--sampled", "--out", str(out)]) == 0
+    cfg, exported, params = seen[-1]
+    assert cfg.engine.model == str(start_model) and cfg.eval.num_tasks == 5  # the run's config
+    assert cfg.eval.tries == 3 and not cfg.eval.greedy
+    for name, param in trained.named_parameters():
+        assert torch.equal(params[name], param.detach()), name
+    assert not exported.exists()  # the export was temporary
+    assert json.loads(out.read_text())["tasks"] == 5 and "50.0%" in capsys.readouterr().out
+
+    assert policy_eval.main(["--checkpoint", str(start_model), "--num-tasks", "2"]) == 0
+    cfg, exported, _ = seen[-1]
+    assert exported == start_model and cfg.eval.num_tasks == 2 and cfg.name == load_config(SHIPPED).name
+    assert policy_eval.main(["--checkpoint", str(tmp_path / "nowhere")]) == 2
