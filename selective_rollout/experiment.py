@@ -186,11 +186,16 @@ def before_eval_key(cfg: RunConfig) -> str:
 
 
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
-    """True when ``run_dir`` holds a complete run of exactly ``cfg``; a different config is an error."""
+    """True when ``run_dir`` holds a complete run of exactly ``cfg``; a different config is an error.
+
+    The ``placement`` section is left out of the comparison: it says where the actors run and on
+    which allocator, not what they compute, so an experiment resumed on another cluster layout (or
+    with ``placement.allocator`` changed to get past an out-of-memory kill) is the same experiment."""
     saved, report = run_dir / "config.yaml", run_dir / "report.json"
     if not saved.is_file():
         return False
-    if RunConfig.model_validate(yaml.safe_load(saved.read_text())) != cfg:
+    ran = RunConfig.model_validate(yaml.safe_load(saved.read_text()))
+    if ran.model_dump(exclude={"placement"}) != cfg.model_dump(exclude={"placement"}):
         raise ConfigError(f"{run_dir} holds a run of a different config: pass another --out")
     if not report.is_file():
         return False

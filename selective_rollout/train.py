@@ -335,6 +335,7 @@ class Trainer:
         if cfg.train.eval_every and (it + 1) % cfg.train.eval_every == 0 and it + 1 < cfg.train.iterations:
             metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
         metrics.update(ray.get(self.coordinator.env_metrics.remote()))
+        metrics.update(self.memory_metrics())
         metrics["system/engine_restarts"] = float(self.engine_restarts)
         metrics["system/iteration_s"] = time.perf_counter() - start
         self.state["wall_s"] += metrics["system/iteration_s"]
@@ -342,6 +343,28 @@ class Trainer:
         self.logger.log(metrics, it)
         if (it + 1) % cfg.trainer.save_every == 0 or it + 1 == cfg.train.iterations:
             self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
+        return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Resident memory of the driver and of every actor of the run, GB: growth across
+        iterations shows here long before Ray's memory monitor kills a worker. An actor that does
+        not answer (it died since the last probe) is left out, not waited for."""
+        import ray
+        from ray.exceptions import RayError
+
+        from selective_rollout.process_memory import GB, resident_bytes
+
+        named = {f"engine_{i}": e.resident_gb.remote() for i, e in enumerate(self.engines)}
+        named["coordinator"] = self.coordinator.resident_gb.remote()
+        learners = self.learner.resident_gb()
+        ready, _ = ray.wait(list(named.values()), num_returns=len(named), timeout=60)
+        metrics: dict[str, float] = {}
+        for name, ref in named.items():
+            if ref in ready:
+                with contextlib.suppress(RayError):
+                    metrics[f"system/rss_gb/{name}"] = ray.get(ref)
+        metrics.update({f"system/rss_gb/learner_{rank}": gb for rank, gb in enumerate(learners)})
+        metrics["system/rss_gb/driver"] = resident_bytes() / GB
         return metrics
 
     def run(self) -> Path:

@@ -24,6 +24,7 @@ FLOORS = {
     "placement": 1,
     "runtime": 1,
     "precision": 1,
+    "process_memory": 1,
     "gate": 1,
     "envs": 1,
     "config": 1,

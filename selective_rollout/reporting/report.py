@@ -20,6 +20,8 @@ from selective_rollout.records import GroupRecord, Outcome, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
 from selective_rollout.stats import clopper_pearson
 
+RSS_PREFIX = "system/rss_gb/"
+
 
 def saving_estimate(groups: Sequence[GroupRecord]) -> tuple[float, str]:
     """Step-tokens the gate's cuts saved, and the basis of the estimate in words.
@@ -51,6 +53,18 @@ def saving_estimate(groups: Sequence[GroupRecord]) -> tuple[float, str]:
         f"no audited group: from what whole groups of the same task type spent after the gate step "
         f"({by_type} of {len(cut)} cuts matched by type, the rest by all whole groups)"
     )
+
+
+def peak_memory(metrics: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Largest resident memory of each kind of process over the run, GB (``system/rss_gb/<kind>_<i>``:
+    the engines' largest, the learners' largest, the coordinator, the driver), in first-logged order."""
+    peaks: dict[str, float] = {}
+    for m in metrics:
+        for key, value in m.items():
+            if key.startswith(RSS_PREFIX):
+                kind = key[len(RSS_PREFIX) :].rstrip("0123456789").rstrip("_")
+                peaks[kind] = max(peaks.get(kind, 0.0), float(value))
+    return peaks
 
 
 def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
@@ -219,6 +233,7 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         "eval": evals,
         "plots": [p.name for p in plots],
         "placement": placement,
+        "peak_rss_gb": peak_memory(metrics),
     }
     before, after = evals.get("before"), evals.get("after")
     gain = success_gain(before, after) if before and after else None
@@ -256,6 +271,12 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         if whole
         else "no group ran to the end"
     )
+    memory_row = (
+        ", ".join(f"{kind} {gb:.1f} GB" for kind, gb in report["peak_rss_gb"].items())
+        + " (the largest process of each kind, sampled at the end of each iteration)"
+        if report["peak_rss_gb"]
+        else "not recorded (a run logged before system/rss_gb/*)"
+    )
     lines = [
         f"# Run report: {run_dir.name}",
         "",
@@ -275,6 +296,7 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         f"| step-tokens saved by the gate (estimate) | {_fmt(summary['step_tokens_saved_est'])} "
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "
         f"{summary['step_tokens_saved_basis']}) |",
+        f"| peak resident memory | {memory_row} |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",
         f"| held-out change (after - before, paired per task) | {change} |",

@@ -559,6 +559,12 @@ class CoordinatorActor:
         """Whether ``path`` exists from this actor's node (it writes the run's rollouts.jsonl)."""
         return Path(path).exists()
 
+    async def resident_gb(self) -> float:
+        """Resident memory of this actor's process (``system/rss_gb/coordinator``)."""
+        from selective_rollout.process_memory import GB, resident_bytes
+
+        return resident_bytes() / GB
+
     async def placement(self) -> dict[str, list[dict[str, Any]]]:
         """Where this actor and its env workers run (the driver adds engines and learners)."""
         from selective_rollout.placement import here

@@ -20,6 +20,7 @@ import torch
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.precision import learner_precision
+from selective_rollout.process_memory import GB, resident_bytes
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
@@ -177,6 +178,10 @@ class LearnerWorker:
         from selective_rollout.placement import here
 
         return here()
+
+    def resident_gb(self) -> float:
+        """Resident memory of this learner's process (``system/rss_gb/learner_*``)."""
+        return resident_bytes() / GB
 
     @property
     def device(self) -> torch.device:

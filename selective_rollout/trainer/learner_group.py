@@ -290,6 +290,10 @@ class LearnerGroup:
         """Where each learner rank runs, in rank order."""
         return self._on_all("location")
 
+    def resident_gb(self) -> list[float]:
+        """Resident memory of each learner rank's process, in rank order."""
+        return self._on_all("resident_gb")
+
     def replica_checksums(self) -> list[float]:
         """``weights_checksum`` of every learner: data-parallel replicas must agree exactly."""
         return self._on_all("weights_checksum")

@@ -80,8 +80,14 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             "system/tokens_per_s",
             "system/iteration_s",
             "env/steps",
+            "system/rss_gb/engine_0",  # every actor's resident memory, each iteration
+            "system/rss_gb/learner_0",
+            "system/rss_gb/coordinator",
+            "system/rss_gb/driver",
         ):
             assert key in m, key
+        # a 135M-parameter model in bf16 alone is 0.27 GB: a figure below it is not this process's
+        assert 0.27 < m["system/rss_gb/engine_0"] < 20 and 0.27 < m["system/rss_gb/learner_0"] < 20
     assert any("train/loss" in m and "system/weight_sync_s" in m for m in metrics)
 
     groups = list(read_groups(run_dir / "rollouts.jsonl"))
@@ -89,8 +95,10 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     assert report == run_dir / "report.md"
     text = report.read_text()
     assert "held-out success before" in text and "held-out success after" in text
+    assert "| peak resident memory | engine " in text and "learner " in text
     summary = json.loads((run_dir / "report.json").read_text())
     assert summary["iterations"] == 2 and {"before", "after"} <= set(summary["eval"])
+    assert set(summary["peak_rss_gb"]) == {"driver", "learner", "engine", "coordinator"}
     assert all(e["wall_s"] > 0 for e in summary["eval"].values())  # what an experiment's precision costs
     for e in summary["eval"].values():  # every try's outcome, for pairing before and after try by try
         assert e["per_try"].keys() == e["per_task"].keys()

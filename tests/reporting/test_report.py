@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.records import GateRecord, GroupRecord, Outcome, Step, Trajectory
-from selective_rollout.reporting.report import regime_summary, rollout_summary, saving_estimate
+from selective_rollout.reporting.report import peak_memory, regime_summary, rollout_summary, saving_estimate
 
 
 def _group(outcome, task_type, actions, rewards, gate_step=None, tokens=10):
@@ -88,3 +88,24 @@ def test_held_out_tries_pair_by_index_and_their_correlation_is_measured():
     assert success_gain(before, repeated, resamples=100)["try_correlation"] == pytest.approx(1.0)
     # summaries from before per-try outcomes were recorded: no correlation, no failure
     assert success_gain({"per_task": {"a": 0.0}}, {"per_task": {"a": 1.0}})["try_correlation"] is None
+
+
+def test_peak_memory_is_the_largest_process_of_each_kind_over_the_iterations():
+    metrics = [
+        {
+            "iteration": 0,
+            "system/rss_gb/engine_0": 2.0,
+            "system/rss_gb/engine_1": 3.5,
+            "system/rss_gb/driver": 0.4,
+        },
+        {
+            "iteration": 1,
+            "system/rss_gb/engine_0": 4.0,
+            "system/rss_gb/learner_0": 6.0,
+            "rollout/wall_s": 9.0,
+        },
+        {"iteration": 2, "system/rss_gb/engine_1": 1.0, "system/rss_gb/learner_10": 7.5},
+    ]
+    assert peak_memory(metrics) == {"engine": 4.0, "driver": 0.4, "learner": 7.5}
+    assert list(peak_memory(metrics)) == ["engine", "driver", "learner"]  # first-logged order
+    assert peak_memory([{"iteration": 0, "rollout/wall_s": 1.0}]) == {}

@@ -213,3 +213,9 @@ class RolloutEngine(ABC):
         from selective_rollout.placement import here
 
         return here()
+
+    async def resident_gb(self) -> float:
+        """Resident memory of this engine's process (``system/rss_gb/engine_*``)."""
+        from selective_rollout.process_memory import GB, resident_bytes
+
+        return resident_bytes() / GB

@@ -1,0 +1,179 @@
+"""The transformers engine's resident memory under rollout traffic, on glibc's malloc vs jemalloc.
+
+glibc keeps much of what tensors of ever-different lengths free (prompts, session KV, decode
+batches), so a CPU engine's resident memory grows far past what it holds (process_memory.py);
+``placement.allocator=jemalloc`` starts the actors on the jemalloc that Ray's wheel ships. Each arm
+runs in a fresh process (resident memory is per process; the allocator is chosen when it starts)
+and plays the same waves of groups: ``--group-size`` trajectories per group share a first prompt
+of 80-200 words, then take 6-15 turns, each adding an 8-40-word observation and sampling a
+constrained reply among 5-25 commands, over one session each; sessions are released when the
+group ends. Everything is drawn from per-trajectory seeds, so the arms see the same traffic.
+Prints, per arm, the peak and final resident memory (sampled every 0.25 s), the session KV the
+engine held at the peak and the wall-clock, then the ratios jemalloc / glibc:
+
+    python bench/engine_memory.py [--config configs/cpu_default.yaml --waves 2 --groups 3 --repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from selective_rollout.process_memory import jemalloc_library
+
+WORDS = [
+    *("cabinet", "drawer", "fridge", "countertop", "shelf", "sinkbasin"),
+    *("microwave", "toaster", "garbagecan", "desk", "lamp", "bed"),
+]
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 2  # SmolLM2-135M in bf16: K and V, 30 layers, 3 KV heads of 64
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(f"{rng.choice(WORDS)} {rng.randint(1, 20)}" for _ in range(words))
+
+
+def run_arm(config: str, waves: int, groups: int, group_size: int, out: Any) -> None:
+    """One arm in this (fresh) process; puts its figures on ``out``."""
+    import psutil
+
+    from selective_rollout.config import load_config
+    from selective_rollout.models import resolve_model
+    from selective_rollout.rollout.engines import SamplingParams, engine_class
+
+    cfg = load_config(config, [])
+    engine = engine_class("transformers")(
+        cfg.engine, resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+    )
+    tok, proc = engine.tokenizer, psutil.Process()
+    peak = {"rss": 0, "kv_tokens": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.25):
+            rss = proc.memory_info().rss
+            if rss > peak["rss"]:
+                peak.update(rss=rss, kv_tokens=engine._store.cached_tokens)
+
+    async def trajectory(g: int, j: int, first: list[int], turns: int) -> None:
+        rng, prompt = random.Random(g * 1000 + j), list(first)
+        for t in range(turns):
+            prompt += tok(_text(rng, rng.randint(8, 40)), add_special_tokens=False).input_ids
+            choices = [f"go to {rng.choice(WORDS)} {rng.randint(1, 9)}" for _ in range(rng.randint(5, 25))]
+            sampling = SamplingParams(
+                max_tokens=16, temperature=1.0, seed=g * 10_000 + j * 100 + t, choices=choices
+            )
+            reply = await engine.generate(f"{g}-{j}-{t}", prompt, sampling, session_id=f"{g}-{j}")
+            prompt += reply.outputs[0].token_ids
+        await engine.release([f"{g}-{j}"])
+
+    async def group(g: int) -> None:
+        rng = random.Random(g)
+        first = tok(_text(rng, rng.randint(80, 200)), add_special_tokens=False).input_ids
+        turns = rng.randint(6, 15)
+        await asyncio.gather(*(trajectory(g, j, first, turns) for j in range(group_size)))
+
+    async def play() -> dict[str, Any]:
+        await engine.generate(
+            "warmup", tok("warm up", add_special_tokens=False).input_ids, SamplingParams(max_tokens=2)
+        )
+        started = time.perf_counter()
+        for wave in range(waves):
+            await asyncio.gather(*(group(wave * groups + i) for i in range(groups)))
+        wall = time.perf_counter() - started
+        return {"wall_s": wall, **(await engine.health())}
+
+    threading.Thread(target=sample, daemon=True).start()
+    health = asyncio.run(play())
+    stop.set()
+    out.put(
+        {
+            "wall_s": round(health["wall_s"], 1),
+            "peak_rss_gb": round(peak["rss"] / 1e9, 2),
+            "final_rss_gb": round(proc.memory_info().rss / 1e9, 2),
+            "kv_at_peak_gb": round(peak["kv_tokens"] * KV_BYTES_PER_TOKEN / 1e9, 2),
+            "generated_tokens": health["generated_tokens"],
+        }
+    )
+
+
+@contextlib.contextmanager
+def preloaded(library: str | None) -> Iterator[None]:
+    """``LD_PRELOAD`` set to ``library`` while a child process starts (nothing when None)."""
+    if library is None:
+        yield
+        return
+    before = os.environ.get("LD_PRELOAD")
+    os.environ["LD_PRELOAD"] = library
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LD_PRELOAD"]
+        else:
+            os.environ["LD_PRELOAD"] = before
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/cpu_default.yaml")
+    ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=3, help="groups played together in a wave")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of all arms, alternating")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    lib = jemalloc_library()
+    if lib is None:
+        raise SystemExit("no jemalloc: this Ray's wheel ships no ray/core/libjemalloc.so")
+    arms = [("glibc", None), ("jemalloc", str(lib))]
+    ctx = multiprocessing.get_context("spawn")
+    results = []
+    for _ in range(args.repeats):
+        for label, preload in arms:
+            out = ctx.Queue()
+            proc = ctx.Process(
+                target=run_arm, args=(args.config, args.waves, args.groups, args.group_size, out)
+            )
+            with preloaded(preload):  # the child execs with it: the allocator is chosen at start
+                proc.start()
+            results.append({"arm": label, **out.get()})
+            proc.join()
+            print(json.dumps(results[-1]), flush=True)
+    print("\n| allocator | wall-clock s | peak resident GB | final GB | session KV at peak GB |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['arm']} | {r['wall_s']} | {r['peak_rss_gb']} | {r['final_rss_gb']} "
+            f"| {r['kv_at_peak_gb']} |"
+        )
+    median = {
+        label: {
+            k: statistics.median(r[k] for r in results if r["arm"] == label)
+            for k in ("wall_s", "peak_rss_gb")
+        }
+        for label, _ in arms
+    }
+    base = arms[0][0]
+    for label, _ in arms[1:]:
+        print(
+            f"{label} / {base} (medians of {args.repeats}): wall-clock "
+            f"x{median[label]['wall_s'] / median[base]['wall_s']:.2f}, "
+            f"peak resident x{median[label]['peak_rss_gb'] / median[base]['peak_rss_gb']:.2f}"
+        )
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
