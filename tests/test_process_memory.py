@@ -3,6 +3,8 @@ long CPU runs from growing until Ray's out-of-memory killer ends them."""
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 
 from selective_rollout.config import load_config
@@ -11,11 +13,16 @@ from selective_rollout.process_memory import GB, jemalloc_library, resident_byte
 
 
 def test_resident_bytes_counts_memory_this_process_touches():
+    """Fresh anonymous pages, so the growth is there whatever the heap already holds (in a long test
+    session freed heap pages stay resident, and a new allocation may reuse them)."""
+    size = 200 * 1024 * 1024
     before = resident_bytes()
-    block = bytearray(200 * 1024 * 1024)
-    block[::4096] = b"x" * len(block[::4096])  # every page written
-    assert resident_bytes() - before > 150 * 1024 * 1024
-    del block
+    block = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1  # every page written
+    grown = resident_bytes() - before
+    block.close()
+    assert grown > 150 * 1024 * 1024
     assert 0.01 < resident_bytes() / GB < 100
 
 
