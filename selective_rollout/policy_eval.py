@@ -81,14 +81,22 @@ def success_gain(
     }
 
 
-def per_try_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[int]]:
-    """After minus before outcome per try (paired by try index: the same sampling seeds), per task
-    both summaries played every try of; empty for summaries that predate ``per_try``."""
+def paired_tries(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[list[int], list[int]]]:
+    """Per task both summaries played every try of: its (before, after) outcomes in try order
+    (paired by try index: the same sampling seeds); empty for summaries that predate ``per_try``."""
     b, a = before.get("per_try", {}), after.get("per_try", {})
     return {
-        task: [x - y for x, y in zip(a[task], b[task], strict=True)]
+        task: (b[task], a[task])
         for task in sorted(b.keys() & a.keys())
         if len(a[task]) == len(b[task]) and None not in a[task] and None not in b[task]
+    }
+
+
+def per_try_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[int]]:
+    """After minus before outcome per try, per task both summaries played every try of."""
+    return {
+        task: [x - y for x, y in zip(a, b, strict=True)]
+        for task, (b, a) in paired_tries(before, after).items()
     }
 
 
@@ -98,12 +106,11 @@ def try_correlation(before: dict[str, Any], after: dict[str, Any]) -> float | No
     the shared sampling seeds pair nothing (the paired change then carries both evaluations'
     sampling noise), 1 when every try repeats its outcome. None without per-try outcomes or
     without variation."""
-    b, a = before.get("per_try", {}), after.get("per_try", {})
-    tasks = per_try_changes(before, after)
-    if not tasks:
+    pairs = paired_tries(before, after).values()
+    if not pairs:
         return None
-    dev_b = np.concatenate([np.subtract(b[t], np.mean(b[t])) for t in tasks])
-    dev_a = np.concatenate([np.subtract(a[t], np.mean(a[t])) for t in tasks])
+    dev_b = np.concatenate([np.subtract(b, np.mean(b)) for b, _ in pairs])
+    dev_a = np.concatenate([np.subtract(a, np.mean(a)) for _, a in pairs])
     scale = float(np.sqrt((dev_b**2).sum() * (dev_a**2).sum()))
     return float((dev_b * dev_a).sum() / scale) if scale > 0 else None
 

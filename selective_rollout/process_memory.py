@@ -24,6 +24,11 @@ def resident_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def resident_gb() -> float:
+    """``resident_bytes`` in GB: what every actor's ``resident_gb`` reports (``system/rss_gb/*``)."""
+    return resident_bytes() / GB
+
+
 def jemalloc_library() -> Path | None:
     """The jemalloc that Ray's wheel ships (``ray/core/libjemalloc.so``); None where it has none."""
     import ray

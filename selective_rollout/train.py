@@ -352,7 +352,7 @@ class Trainer:
         import ray
         from ray.exceptions import RayError
 
-        from selective_rollout.process_memory import GB, resident_bytes
+        from selective_rollout.process_memory import resident_gb
 
         named = {f"engine_{i}": e.resident_gb.remote() for i, e in enumerate(self.engines)}
         named["coordinator"] = self.coordinator.resident_gb.remote()
@@ -364,7 +364,7 @@ class Trainer:
                 with contextlib.suppress(RayError):
                     metrics[f"system/rss_gb/{name}"] = ray.get(ref)
         metrics.update({f"system/rss_gb/learner_{rank}": gb for rank, gb in enumerate(learners)})
-        metrics["system/rss_gb/driver"] = resident_bytes() / GB
+        metrics["system/rss_gb/driver"] = resident_gb()
         return metrics
 
     def run(self) -> Path:

@@ -9,7 +9,7 @@ import pytest
 
 from selective_rollout.config import load_config
 from selective_rollout.config.placement import PlacementConfig
-from selective_rollout.process_memory import GB, jemalloc_library, resident_bytes
+from selective_rollout.process_memory import GB, jemalloc_library, resident_bytes, resident_gb
 
 
 def test_resident_bytes_counts_memory_this_process_touches():
@@ -23,7 +23,8 @@ def test_resident_bytes_counts_memory_this_process_touches():
     grown = resident_bytes() - before
     block.close()
     assert grown > 150 * 1024 * 1024
-    assert 0.01 < resident_bytes() / GB < 100
+    assert 0.01 < resident_gb() < 100
+    assert resident_gb() == pytest.approx(resident_bytes() / GB, rel=0.05)
 
 
 def test_system_allocator_adds_nothing_to_the_actor_options():

@@ -561,9 +561,9 @@ class CoordinatorActor:
 
     async def resident_gb(self) -> float:
         """Resident memory of this actor's process (``system/rss_gb/coordinator``)."""
-        from selective_rollout.process_memory import GB, resident_bytes
+        from selective_rollout.process_memory import resident_gb
 
-        return resident_bytes() / GB
+        return resident_gb()
 
     async def placement(self) -> dict[str, list[dict[str, Any]]]:
         """Where this actor and its env workers run (the driver adds engines and learners)."""

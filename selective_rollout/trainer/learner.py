@@ -18,9 +18,9 @@ from typing import Any
 import deepspeed
 import torch
 
+from selective_rollout import process_memory
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.precision import learner_precision
-from selective_rollout.process_memory import GB, resident_bytes
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
@@ -181,7 +181,7 @@ class LearnerWorker:
 
     def resident_gb(self) -> float:
         """Resident memory of this learner's process (``system/rss_gb/learner_*``)."""
-        return resident_bytes() / GB
+        return process_memory.resident_gb()
 
     @property
     def device(self) -> torch.device:

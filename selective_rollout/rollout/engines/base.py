@@ -216,6 +216,6 @@ class RolloutEngine(ABC):
 
     async def resident_gb(self) -> float:
         """Resident memory of this engine's process (``system/rss_gb/engine_*``)."""
-        from selective_rollout.process_memory import GB, resident_bytes
+        from selective_rollout.process_memory import resident_gb
 
-        return resident_bytes() / GB
+        return resident_gb()
