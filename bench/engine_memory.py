@@ -2,12 +2,12 @@
 
 glibc keeps much of what tensors of ever-different lengths free (prompts, session KV, decode
 batches), so a CPU engine's resident memory grows far past what it holds (process_memory.py);
-``placement.allocator=jemalloc`` starts the actors on the jemalloc that Ray's wheel ships. Each arm
-runs in a fresh process (resident memory is per process; the allocator is chosen when it starts)
-and plays the same waves of groups: ``--group-size`` trajectories per group share a first prompt
-of 80-200 words, then take 6-15 turns, each adding an 8-40-word observation and sampling a
-constrained reply among 5-25 commands, over one session each; sessions are released when the
-group ends. Everything is drawn from per-trajectory seeds, so the arms see the same traffic.
+``placement.engine_allocator=jemalloc`` starts the engines on the jemalloc that Ray's wheel
+ships. Each arm runs in a fresh process (resident memory is per process; the allocator is chosen
+when it starts) and plays the same waves of groups: ``--group-size`` trajectories per group share
+a first prompt of 80-200 words, then take 6-15 turns, each adding an 8-40-word observation and
+sampling a constrained reply among 5-25 commands, over one session each; sessions are released
+when the group ends. Everything is drawn from per-trajectory seeds, so the arms see the same traffic.
 Prints, per arm, the peak and final resident memory (sampled every 0.25 s), the session KV the
 engine held at the peak and the wall-clock, then the ratios jemalloc / glibc:
 

@@ -1,10 +1,12 @@
 """Learner throughput on SmolLM2-135M: ZeRO-0 x1 vs ZeRO-2 x2, LoRA vs full, fp32 vs bf16-mixed
 (autocast), packed vs per-step forwards, the vocabulary projection at the policy tokens only vs at
-every position, and weight-sync seconds per method (gloo process group vs Ray object store).
+every position, weight-sync seconds per method (gloo process group vs Ray object store), and, with
+``--only allocator``, the learner on glibc's malloc vs jemalloc (``placement.learner_allocator``).
 
 Each learner configuration runs one warm-up step and then ``--steps`` measured steps on the same
-synthetic multi-turn batch (random token ids shaped like ALFWorld dialogues). Prints one JSON
-object; ``--out`` also writes it.
+synthetic multi-turn batch (random token ids shaped like ALFWorld dialogues; the allocator arms on
+batches of 1-4 extra turns, a new length every step). Prints one JSON object; ``--out`` also
+writes it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from selective_rollout.config import load_config
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
 from selective_rollout.models import resolve_model
 from selective_rollout.precision import learner_precision
@@ -54,18 +57,45 @@ def synthetic_batch(groups: int, g: int, turns: int, vocab: int, seed: int = 0) 
 
 
 def learner_tokens_per_s(
-    cfg: TrainerConfig, model: Path, batch: list[Experience], steps: int, cpus: int
+    cfg: TrainerConfig,
+    model: Path,
+    batches: list[list[Experience]],
+    steps: int,
+    cpus: int,
+    options: dict | None = None,
 ) -> dict:
-    group = LearnerGroup(cfg, model, actor_options={"num_cpus": cpus})
+    """A warm-up step on ``batches[0]``, then ``steps`` measured steps cycling through ``batches``;
+    ``resident_gb`` is the learner process's resident memory after the last step."""
+    group = LearnerGroup(cfg, model, actor_options={"num_cpus": cpus, **(options or {})})
     try:
-        group.train_step(batch)
-        runs = [group.train_step(batch) for _ in range(steps)]
+        group.train_step(batches[0])
+        runs = [group.train_step(batches[(i + 1) % len(batches)]) for i in range(steps)]
         return {
             "tokens_per_s": statistics.median(r["train/tokens_per_s"] for r in runs),
             "step_s": statistics.median(r["train/step_s"] for r in runs),
+            "resident_gb": max(group.resident_gb()),
         }
     finally:
         group.shutdown()
+
+
+def allocator_arms(
+    cfg: TrainerConfig, model: Path, batches: list[list[Experience]], steps: int, cpus: int
+) -> dict:
+    """The learner on glibc's malloc and on jemalloc (``placement.learner_allocator``), each in a fresh
+    process, on batches of every length as in a run (a fixed batch would let glibc reuse its
+    freed blocks exactly and hide what it keeps)."""
+    out = {}
+    for allocator in ("system", "jemalloc"):
+        options = PlacementConfig().process_options(allocator)
+        out[allocator] = learner_tokens_per_s(cfg, model, batches, steps, cpus, options)
+        print(json.dumps({f"allocator_{allocator}": out[allocator]}), flush=True)
+    system, jemalloc = out["system"], out["jemalloc"]
+    out["jemalloc_over_system"] = {
+        "tokens_per_s": jemalloc["tokens_per_s"] / system["tokens_per_s"],
+        "resident_gb": jemalloc["resident_gb"] / system["resident_gb"],
+    }
+    return out
 
 
 def packed_vs_per_step(model_path: Path, batch: list[Experience], threads: int) -> dict:
@@ -166,7 +196,10 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=1)
     parser.add_argument("--micro-batch-tokens", type=int, default=512)
     parser.add_argument(
-        "--only", nargs="*", default=["zero", "precision", "lora", "packing", "projection", "sync"]
+        "--only",
+        nargs="*",
+        default=["zero", "precision", "lora", "packing", "projection", "sync"],
+        help="sections to run; `allocator` (not run by default) compares glibc with jemalloc",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -187,24 +220,35 @@ def main() -> None:
     try:
         full = TrainerConfig(micro_batch_tokens=args.micro_batch_tokens)
         if "zero" in args.only:
-            section("zero0_x1", learner_tokens_per_s, full, model, batch, args.steps, args.cpus)
+            section("zero0_x1", learner_tokens_per_s, full, model, [batch], args.steps, args.cpus)
             zero2 = full.model_copy(update={"zero_stage": 2, "num_learners": 2})
-            section("zero2_x2", learner_tokens_per_s, zero2, model, batch, args.steps, max(1, args.cpus // 2))
+            section(
+                "zero2_x2", learner_tokens_per_s, zero2, model, [batch], args.steps, max(1, args.cpus // 2)
+            )
         if "precision" in args.only:  # the same learner, fp32 then bf16-mixed, back to back
-            section("fp32_x1", learner_tokens_per_s, full, model, batch, args.steps, args.cpus)
+            section("fp32_x1", learner_tokens_per_s, full, model, [batch], args.steps, args.cpus)
             mixed = full.model_copy(update={"precision": "bf16-mixed"})
-            section("bf16_mixed_x1", learner_tokens_per_s, mixed, model, batch, args.steps, args.cpus)
+            section("bf16_mixed_x1", learner_tokens_per_s, mixed, model, [batch], args.steps, args.cpus)
             if "tokens_per_s" in result["fp32_x1"] and "tokens_per_s" in result["bf16_mixed_x1"]:
                 ratio = result["bf16_mixed_x1"]["tokens_per_s"] / result["fp32_x1"]["tokens_per_s"]
                 result["bf16_mixed_over_fp32"] = ratio
                 print(json.dumps({"bf16_mixed_over_fp32": ratio}), flush=True)
         if "lora" in args.only:
             lora = full.model_copy(update={"lora": LoraConfig(enabled=True, rank=16)})
-            section("lora_zero0_x1", learner_tokens_per_s, lora, model, batch, args.steps, args.cpus)
+            section("lora_zero0_x1", learner_tokens_per_s, lora, model, [batch], args.steps, args.cpus)
         if "packing" in args.only:
             section("packed_vs_per_step", packed_vs_per_step, model, batch, args.cpus)
         if "projection" in args.only:
             section("projection", projection_at_policy_tokens, model, batch, args.cpus, max(3, args.steps))
+        if "allocator" in args.only:  # the profile's learner (its precision) on batches of every length
+            profile = load_config(PROFILE).trainer.model_copy(
+                update={"micro_batch_tokens": args.micro_batch_tokens}
+            )
+            varied = [
+                synthetic_batch(args.groups, args.group_size, args.turns + i % 4, vocab, seed=i)
+                for i in range(args.steps + 1)
+            ]
+            section("allocator", allocator_arms, profile, model, varied, args.steps, args.cpus)
         if "sync" in args.only:
             for method in ("gloo", "object_store"):
                 section(f"sync_{method}", sync_seconds, model, method, args.engines, 3)

@@ -190,7 +190,7 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
 
     The ``placement`` section is left out of the comparison: it says where the actors run and on
     which allocator, not what they compute, so an experiment resumed on another cluster layout (or
-    with ``placement.allocator`` changed to get past an out-of-memory kill) is the same experiment."""
+    with ``placement.engine_allocator`` changed to get past an out-of-memory kill) is the same experiment."""
     saved, report = run_dir / "config.yaml", run_dir / "report.json"
     if not saved.is_file():
         return False

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
+from selective_rollout.process_memory import in_fresh_process
 from selective_rollout.records import Experience, Task
 
 if TYPE_CHECKING:
@@ -199,7 +200,9 @@ def warm_start_model(cfg: RunConfig, model_path: Path) -> Path:
     log.info(
         "warm start: cloning %d walkthroughs into %s (first use; cached after)", cfg.warm_start.games, out
     )
-    build_warm_start(cfg, model_path, cfg.env.build().games_dir, out)
+    # in a process of its own: the fine-tuning's gigabytes (weights, Adam state, activations of every
+    # length) would otherwise stay resident in the driver for the whole run
+    in_fresh_process(build_warm_start, cfg, model_path, cfg.env.build().games_dir, out)
     return out
 
 

@@ -11,6 +11,9 @@ from pydantic import Field
 from selective_rollout.config.base import Section
 
 COORDINATOR_NUM_CPUS = 0.5  # light: it mostly waits on engines and env workers
+# system: the C library's malloc (glibc on Linux); jemalloc: the copy in Ray's wheel, preloaded, refused
+# where Ray ships none; auto: that jemalloc where Ray ships it (its Linux wheels), else the system's
+Allocator = Literal["system", "jemalloc", "auto"]
 
 
 class PlacementConfig(Section):
@@ -32,25 +35,37 @@ class PlacementConfig(Section):
         False, description="spread env workers over every node that can host them (Ray SPREAD), not pack"
     )
     coordinator_resources: dict[str, float] = Field(default_factory=dict, description="custom resources")
-    allocator: Literal["system", "jemalloc"] = Field(
+    engine_allocator: Allocator = Field(
         "system",
-        description="malloc of the engine, learner and coordinator processes: jemalloc (the copy in "
-        "Ray's wheel, preloaded) hands back what tensors of every length free, which glibc keeps: "
-        "x0.46 the CPU engine's peak memory at x1.15 its wall-clock (bench/engine_memory.py)",
+        description="malloc of the engine processes: jemalloc (the copy in Ray's wheel, preloaded) hands "
+        "back what tensors of every length free, which glibc keeps: x0.46 a CPU engine's peak memory "
+        "at x1.15 its wall-clock (bench/engine_memory.py)",
+    )
+    learner_allocator: Allocator = Field(
+        "auto",
+        description="malloc of the learner processes; auto: jemalloc where Ray's wheel ships it (Linux), "
+        "else the system's. On jemalloc a CPU learner ran x0.65 the resident memory of glibc's at "
+        "x1.07 the tokens/s (bench/learner_step.py --only allocator)",
+    )
+    coordinator_allocator: Allocator = Field(
+        "system", description="malloc of the coordinator, and so of the env workers it starts"
     )
 
-    def process_options(self) -> dict[str, Any]:
-        """Ray options that start an actor's process on the configured allocator: ``LD_PRELOAD``
-        must be set when the process starts, so it goes in the actor's runtime environment."""
-        if self.allocator == "system":
+    def process_options(self, allocator: Allocator) -> dict[str, Any]:
+        """Ray options that start an actor's process on ``allocator``: ``LD_PRELOAD`` must be set
+        when the process starts, so it goes in the actor's runtime environment."""
+        if allocator == "system":
             return {}
         from selective_rollout.process_memory import jemalloc_library
 
         library = jemalloc_library()
+        if library is None and allocator == "auto":
+            return {}
         if library is None:
             raise ValueError(
-                "placement.allocator=jemalloc, but this Ray's wheel ships no ray/core/libjemalloc.so; "
-                "use placement.allocator=system"
+                "jemalloc was asked for (placement.*_allocator), but this Ray's wheel ships no "
+                "ray/core/libjemalloc.so; use system or auto for placement.engine_allocator, "
+                "learner_allocator and coordinator_allocator"
             )
         return {"runtime_env": {"env_vars": {"LD_PRELOAD": str(library)}}}
 
@@ -59,12 +74,12 @@ class PlacementConfig(Section):
             "num_gpus": self.learner_num_gpus,
             "num_cpus": self.learner_num_cpus,
             "resources": dict(self.learner_resources),
-            **self.process_options(),
+            **self.process_options(self.learner_allocator),
         }
 
     def engine_options(self) -> dict[str, object]:
         resources = {"resources": dict(self.engine_resources)} if self.engine_resources else {}
-        return {**resources, **self.process_options()}
+        return {**resources, **self.process_options(self.engine_allocator)}
 
     def env_worker_options(self) -> dict[str, object]:
         options: dict[str, object] = {
@@ -77,4 +92,4 @@ class PlacementConfig(Section):
 
     def coordinator_options(self) -> dict[str, object]:
         resources = {"resources": dict(self.coordinator_resources)} if self.coordinator_resources else {}
-        return {**resources, **self.process_options()}
+        return {**resources, **self.process_options(self.coordinator_allocator)}

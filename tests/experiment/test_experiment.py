@@ -391,7 +391,7 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
     with pytest.raises(ConfigError, match="different config"):
         finished_run(run, load_config("configs/cpu_default.yaml", ["train.iterations=2", "gate.tau=0.3"]))
     # where and on which allocator the actors ran is not part of what the run computed
-    moved = ["train.iterations=2", "placement.allocator=jemalloc", "placement.env_worker_spread=true"]
+    moved = ["train.iterations=2", "placement.engine_allocator=jemalloc", "placement.env_worker_spread=true"]
     assert finished_run(run, load_config("configs/cpu_default.yaml", moved))
 
 
