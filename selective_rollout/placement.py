@@ -22,11 +22,18 @@ Location = dict[str, Any]
 
 
 def here() -> Location:
-    """The Ray node and process of the caller (an actor method calls this on itself)."""
+    """The Ray node, process and malloc of the caller (an actor method calls this on itself)."""
     import ray
 
+    from selective_rollout.process_memory import malloc_in_use
+
     ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+    return {
+        "node_id": ctx.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "malloc": malloc_in_use(),
+    }
 
 
 def write_placement(run_dir: Path, placement: dict[str, list[Location]]) -> Path:
@@ -48,17 +55,28 @@ def nodes_by_kind(placement: dict[str, list[Location]]) -> dict[str, dict[str, i
     }
 
 
-def placement_lines(nodes: dict[str, dict[str, int]]) -> list[str]:
-    """A markdown table for report.md from ``nodes_by_kind``: one row per actor kind."""
-    if not nodes:
+def placement_lines(placement: dict[str, list[Location]]) -> list[str]:
+    """A markdown table for report.md from ``placement.json``: one row per actor kind, with the nodes
+    it ran on and the malloc its processes got (``placement.*_allocator``; "-" for the env workers,
+    which run on their coordinator's, and for files written before actors recorded it)."""
+    if not placement:
         return []
-    rows = [
-        f"| {kind} | {sum(counts.values())} | {len(counts)} | "
-        + ", ".join(f"{label} x{n}" for label, n in counts.items())
-        + " |"
-        for kind, counts in nodes.items()
+    rows = []
+    for kind, counts in nodes_by_kind(placement).items():
+        mallocs = Counter(loc["malloc"] for loc in placement[kind] if "malloc" in loc)
+        rows.append(
+            f"| {kind} | {sum(counts.values())} | {len(counts)} | "
+            + ", ".join(f"{label} x{n}" for label, n in counts.items())
+            + " | "
+            + (", ".join(f"{name} x{n}" for name, n in sorted(mallocs.items())) or "-")
+            + " |"
+        )
+    header = [
+        "## Placement",
+        "",
+        "| actors | count | nodes | node (ip/id) x actors | malloc x actors |",
+        "|---|---|---|---|---|",
     ]
-    header = ["## Placement", "", "| actors | count | nodes | node (ip/id) x actors |", "|---|---|---|---|"]
     return [*header, *rows, ""]
 
 

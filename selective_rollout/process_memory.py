@@ -38,6 +38,16 @@ def resident_gb() -> float:
     return resident_bytes() / GB
 
 
+def malloc_in_use() -> str:
+    """``jemalloc`` when a jemalloc is mapped into this process (``placement.*_allocator``), else
+    ``system``; read from ``/proc/self/maps``, so it says what the process got, not what was asked."""
+    maps = Path("/proc/self/maps")
+    if not maps.is_file():  # not Linux: nothing was preloaded
+        return "system"
+    with maps.open() as lines:
+        return "jemalloc" if any("jemalloc" in line.rsplit(None, 1)[-1] for line in lines) else "system"
+
+
 def jemalloc_library() -> Path | None:
     """The jemalloc that Ray's wheel ships (``ray/core/libjemalloc.so``); None where it has none."""
     import ray

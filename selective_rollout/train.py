@@ -144,6 +144,7 @@ class Trainer:
         self.eval_tasks = held_out_tasks(cfg)
         model_path = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
         joined = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+        self.local_ray = not joined  # placement's `auto` allocators: the actors see the driver's Ray
         if not joined:  # a cluster's engine nodes run their own image; the driver's may differ
             check_backend_installed(cfg.engine.backend)
         init_ray(ray_address)
@@ -158,12 +159,20 @@ class Trainer:
             len(self.eval_tasks),
         )
         place = cfg.placement
-        self.engines = create_engines(cfg.engine, model_path, cfg.engine.num_engines, place.engine_options())
+        local = self.local_ray
+        self.engines = create_engines(
+            cfg.engine, model_path, cfg.engine.num_engines, place.engine_options(local)
+        )
         self.learner = LearnerGroup(
-            cfg.trainer, model_path, seed=cfg.seed, actor_options=place.learner_options()
+            cfg.trainer, model_path, seed=cfg.seed, actor_options=place.learner_options(local)
         )
         self.coordinator = create_coordinator(
-            cfg, self.engines, model_path, run_dir, place.coordinator_options(), place.env_worker_options()
+            cfg,
+            self.engines,
+            model_path,
+            run_dir,
+            place.coordinator_options(local),
+            place.env_worker_options(),
         )
         self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
         self.record_placement()
@@ -188,7 +197,7 @@ class Trainer:
             with contextlib.suppress(Exception):  # it is dead already; make sure it stays so
                 ray.kill(self.engines[index], no_restart=True)
             (engine,) = create_engines(
-                self.cfg.engine, self.model_path, 1, self.cfg.placement.engine_options()
+                self.cfg.engine, self.model_path, 1, self.cfg.placement.engine_options(self.local_ray)
             )
             self.learner.sync_weights([engine])
             self.engines[index] = engine

@@ -51,9 +51,11 @@ def test_by_default_only_the_learner_runs_on_jemalloc():
         "auto",
         "system",
     )
-    assert place.learner_options()["runtime_env"] == preload
-    assert place.engine_options() == {} and place.coordinator_options() == {}
+    assert place.learner_options(local=True)["runtime_env"] == preload
+    assert place.engine_options(local=True) == {} and place.coordinator_options(local=True) == {}
     assert "runtime_env" not in place.env_worker_options()
+    # on a joined cluster the nodes' Ray may live at other paths than the driver's: auto is glibc
+    assert "runtime_env" not in place.learner_options(local=False)
 
 
 def test_jemalloc_is_preloaded_in_every_heavy_actor_beside_its_resources():
@@ -63,11 +65,11 @@ def test_jemalloc_is_preloaded_in_every_heavy_actor_beside_its_resources():
     preload = {"env_vars": {"LD_PRELOAD": str(jemalloc_library())}}
     assert jemalloc_library().is_file()  # the copy in Ray's wheel, so on every Ray node
     assert place.engine_options() == {"resources": {"gpu_node": 1.0}, "runtime_env": preload}
-    assert place.learner_options()["runtime_env"] == preload
+    assert place.learner_options(local=True)["runtime_env"] == preload
     assert place.learner_options()["num_cpus"] == 1.0
     assert place.coordinator_options() == {"runtime_env": preload}
     assert "runtime_env" not in place.env_worker_options()  # light: they keep the system's
-    assert "runtime_env" not in PlacementConfig(learner_allocator="system").learner_options()
+    assert "runtime_env" not in PlacementConfig(learner_allocator="system").learner_options(local=True)
 
 
 def test_a_missing_jemalloc_is_refused_by_name_unless_auto(monkeypatch):
@@ -76,7 +78,7 @@ def test_a_missing_jemalloc_is_refused_by_name_unless_auto(monkeypatch):
     monkeypatch.setattr(process_memory, "jemalloc_library", lambda: None)
     with pytest.raises(ValueError, match=r"placement\.\*_allocator.*libjemalloc\.so.*system or auto"):
         PlacementConfig(engine_allocator="jemalloc").engine_options()
-    assert "runtime_env" not in PlacementConfig().learner_options()  # auto: the system's malloc
+    assert "runtime_env" not in PlacementConfig().learner_options(local=True)  # auto: the system's malloc
 
 
 @pytest.mark.ray

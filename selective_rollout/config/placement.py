@@ -12,7 +12,8 @@ from selective_rollout.config.base import Section
 
 COORDINATOR_NUM_CPUS = 0.5  # light: it mostly waits on engines and env workers
 # system: the C library's malloc (glibc on Linux); jemalloc: the copy in Ray's wheel, preloaded, refused
-# where Ray ships none; auto: that jemalloc where Ray ships it (its Linux wheels), else the system's
+# where Ray ships none; auto: that jemalloc on a Ray the driver started itself on this machine, where
+# Ray ships one (its Linux wheels), else the system's (a joined cluster's nodes may keep Ray elsewhere)
 Allocator = Literal["system", "jemalloc", "auto"]
 
 
@@ -43,18 +44,20 @@ class PlacementConfig(Section):
     )
     learner_allocator: Allocator = Field(
         "auto",
-        description="malloc of the learner processes; auto: jemalloc where Ray's wheel ships it (Linux), "
-        "else the system's. On jemalloc a CPU learner ran x0.65 the resident memory of glibc's at "
+        description="malloc of the learner processes; auto: jemalloc on a Ray the driver starts on its "
+        "machine, where Ray's wheel ships it (Linux), else the system's (a joined cluster's nodes may "
+        "keep Ray at other paths). On jemalloc a CPU learner ran x0.65 the resident memory of glibc's at "
         "x1.07 the tokens/s (bench/learner_step.py --only allocator)",
     )
     coordinator_allocator: Allocator = Field(
         "system", description="malloc of the coordinator, and so of the env workers it starts"
     )
 
-    def process_options(self, allocator: Allocator) -> dict[str, Any]:
+    def process_options(self, allocator: Allocator, local: bool) -> dict[str, Any]:
         """Ray options that start an actor's process on ``allocator``: ``LD_PRELOAD`` must be set
-        when the process starts, so it goes in the actor's runtime environment."""
-        if allocator == "system":
+        when the process starts, so it goes in the actor's runtime environment. ``local``: the
+        driver started this Ray on its own machine, so every actor sees the driver's Ray files."""
+        if allocator == "system" or (allocator == "auto" and not local):
             return {}
         from selective_rollout.process_memory import jemalloc_library
 
@@ -69,17 +72,17 @@ class PlacementConfig(Section):
             )
         return {"runtime_env": {"env_vars": {"LD_PRELOAD": str(library)}}}
 
-    def learner_options(self) -> dict[str, object]:
+    def learner_options(self, local: bool = False) -> dict[str, object]:
         return {
             "num_gpus": self.learner_num_gpus,
             "num_cpus": self.learner_num_cpus,
             "resources": dict(self.learner_resources),
-            **self.process_options(self.learner_allocator),
+            **self.process_options(self.learner_allocator, local),
         }
 
-    def engine_options(self) -> dict[str, object]:
+    def engine_options(self, local: bool = False) -> dict[str, object]:
         resources = {"resources": dict(self.engine_resources)} if self.engine_resources else {}
-        return {**resources, **self.process_options(self.engine_allocator)}
+        return {**resources, **self.process_options(self.engine_allocator, local)}
 
     def env_worker_options(self) -> dict[str, object]:
         options: dict[str, object] = {
@@ -90,6 +93,6 @@ class PlacementConfig(Section):
             options["scheduling_strategy"] = "SPREAD"
         return options
 
-    def coordinator_options(self) -> dict[str, object]:
+    def coordinator_options(self, local: bool = False) -> dict[str, object]:
         resources = {"resources": dict(self.coordinator_resources)} if self.coordinator_resources else {}
-        return {**resources, **self.process_options(self.coordinator_allocator)}
+        return {**resources, **self.process_options(self.coordinator_allocator, local)}

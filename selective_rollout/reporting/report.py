@@ -219,7 +219,8 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
     regime = regime_summary(groups, gate_k)
     evals = state.get("eval", {})
     plots = plot_run(metrics, groups, run_dir)
-    placement = nodes_by_kind(read_placement(run_dir))
+    located = read_placement(run_dir)
+    placement = nodes_by_kind(located)
     report = {
         "run": run_dir.name,
         "iterations": state.get("iteration", 0),
@@ -314,7 +315,7 @@ def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
         ]
         lines += [f"| {k} | {v['success_rate']:.1%} | {v['tasks']} |" for k, v in after["by_type"].items()]
         lines.append("")
-    lines += placement_lines(placement)
+    lines += placement_lines(located)
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")

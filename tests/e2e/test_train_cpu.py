@@ -9,6 +9,7 @@ import pytest
 
 from selective_rollout.config import load_config
 from selective_rollout.gate.evaluate import main as gate_evaluate
+from selective_rollout.placement import read_placement
 from selective_rollout.precision import engine_dtype
 from selective_rollout.records import read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
@@ -96,6 +97,11 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     text = report.read_text()
     assert "held-out success before" in text and "held-out success after" in text
     assert "| peak resident memory | engine " in text and "learner " in text
+    # placement.learner_allocator defaults to auto: jemalloc on a Ray the driver started here
+    located = read_placement(run_dir)
+    assert [loc["malloc"] for loc in located["learners"]] == ["jemalloc"]
+    assert [loc["malloc"] for loc in located["engines"]] == ["system"]
+    assert any(ln.startswith("| learners | 1 | 1 |") and "| jemalloc x1 |" in ln for ln in text.splitlines())
     summary = json.loads((run_dir / "report.json").read_text())
     assert summary["iterations"] == 2 and {"before", "after"} <= set(summary["eval"])
     assert set(summary["peak_rss_gb"]) == {"driver", "learner", "engine", "coordinator"}

@@ -135,6 +135,7 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
 ):
     """``Trainer.sync_weights``, the driver's path, over the real learner and engine doubles."""
     import selective_rollout.rollout.engines as engines_module
+    from selective_rollout.config.placement import PlacementConfig
     from selective_rollout.train import Trainer
 
     started: list = []
@@ -145,7 +146,8 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
 
     monkeypatch.setattr(engines_module, "create_engines", create_engines)
     trainer = object.__new__(Trainer)  # only what the sync and the replacement use
-    trainer.cfg = SimpleNamespace(engine=None, placement=SimpleNamespace(engine_options=dict))
+    trainer.cfg = SimpleNamespace(engine=None, placement=PlacementConfig())
+    trainer.local_ray = True
     trainer.model_path = tiny_model_dir
     trainer.learner = learner
     trainer.engines = [_engine(tiny_model_dir) for _ in range(2)]
