@@ -12,6 +12,7 @@ Prints, per arm, the peak and final resident memory (sampled every 0.25 s), the 
 engine held at the peak and the wall-clock, then the ratios jemalloc / glibc:
 
     python bench/engine_memory.py [--config configs/cpu_default.yaml --waves 2 --groups 3 --repeats 1]
+        [--malloc-conf background_thread:true ...]   # more jemalloc arms, one per MALLOC_CONF
 """
 
 from __future__ import annotations
@@ -108,20 +109,18 @@ def run_arm(config: str, waves: int, groups: int, group_size: int, out: Any) -> 
 
 
 @contextlib.contextmanager
-def preloaded(library: str | None) -> Iterator[None]:
-    """``LD_PRELOAD`` set to ``library`` while a child process starts (nothing when None)."""
-    if library is None:
-        yield
-        return
-    before = os.environ.get("LD_PRELOAD")
-    os.environ["LD_PRELOAD"] = library
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while a child process starts, then as before."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["LD_PRELOAD"]
-        else:
-            os.environ["LD_PRELOAD"] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def main() -> None:
@@ -131,21 +130,28 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=3, help="groups played together in a wave")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of all arms, alternating")
+    ap.add_argument(
+        "--malloc-conf",
+        nargs="*",
+        default=[],
+        help="more jemalloc arms, one per MALLOC_CONF string (e.g. background_thread:true)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
     lib = jemalloc_library()
     if lib is None:
         raise SystemExit("no jemalloc: this Ray's wheel ships no ray/core/libjemalloc.so")
-    arms = [("glibc", None), ("jemalloc", str(lib))]
+    arms = [("glibc", {}), ("jemalloc", {"LD_PRELOAD": str(lib)})]
+    arms += [(f"jemalloc {conf}", {"LD_PRELOAD": str(lib), "MALLOC_CONF": conf}) for conf in args.malloc_conf]
     ctx = multiprocessing.get_context("spawn")
     results = []
     for _ in range(args.repeats):
-        for label, preload in arms:
+        for label, env in arms:
             out = ctx.Queue()
             proc = ctx.Process(
                 target=run_arm, args=(args.config, args.waves, args.groups, args.group_size, out)
             )
-            with preloaded(preload):  # the child execs with it: the allocator is chosen at start
+            with environment(env):  # the child execs with it: the allocator is chosen at start
                 proc.start()
             results.append({"arm": label, **out.get()})
             proc.join()
