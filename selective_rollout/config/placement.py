@@ -46,8 +46,9 @@ class PlacementConfig(Section):
         "auto",
         description="malloc of the learner processes; auto: jemalloc on a Ray the driver starts on its "
         "machine, where Ray's wheel ships it (Linux), else the system's (a joined cluster's nodes may "
-        "keep Ray at other paths). On jemalloc a CPU learner ran x0.65 the resident memory of glibc's at "
-        "x1.07 the tokens/s (bench/learner_step.py --only allocator)",
+        "keep Ray at other paths). On jemalloc a CPU learner held x0.51-0.65 the resident memory of "
+        "glibc's at a speed within the run-to-run noise (bench/learner_step.py --only allocator, "
+        "docs/engines.md)",
     )
     coordinator_allocator: Allocator = Field(
         "system", description="malloc of the coordinator, and so of the env workers it starts"
