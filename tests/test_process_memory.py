@@ -1,4 +1,4 @@
-"""Resident memory and the actors' allocator (process_memory.py, placement.allocator): what keeps
+"""Resident memory and the actors' allocator (process_memory.py, placement.*_allocator): what keeps
 long CPU runs from growing until Ray's out-of-memory killer ends them."""
 
 from __future__ import annotations
