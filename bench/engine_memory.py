@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import multiprocessing
 import os
 import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-from selective_rollout.process_memory import jemalloc_library
+from selective_rollout.process_memory import in_fresh_process, jemalloc_library
 
 WORDS = [
     *("cabinet", "drawer", "fridge", "countertop", "shelf", "sinkbasin"),
@@ -44,8 +42,8 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(f"{rng.choice(WORDS)} {rng.randint(1, 20)}" for _ in range(words))
 
 
-def run_arm(config: str, waves: int, groups: int, group_size: int, out: Any) -> None:
-    """One arm in this (fresh) process; puts its figures on ``out``."""
+def run_arm(config: str, waves: int, groups: int, group_size: int) -> dict[str, Any]:
+    """One arm, in a fresh process (``in_fresh_process``); returns its figures."""
     import psutil
 
     from selective_rollout.config import load_config
@@ -97,30 +95,13 @@ def run_arm(config: str, waves: int, groups: int, group_size: int, out: Any) -> 
     threading.Thread(target=sample, daemon=True).start()
     health = asyncio.run(play())
     stop.set()
-    out.put(
-        {
-            "wall_s": round(health["wall_s"], 1),
-            "peak_rss_gb": round(peak["rss"] / 1e9, 2),
-            "final_rss_gb": round(proc.memory_info().rss / 1e9, 2),
-            "kv_at_peak_gb": round(peak["kv_tokens"] * KV_BYTES_PER_TOKEN / 1e9, 2),
-            "generated_tokens": health["generated_tokens"],
-        }
-    )
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment while a child process starts, then as before."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
+    return {
+        "wall_s": round(health["wall_s"], 1),
+        "peak_rss_gb": round(peak["rss"] / 1e9, 2),
+        "final_rss_gb": round(proc.memory_info().rss / 1e9, 2),
+        "kv_at_peak_gb": round(peak["kv_tokens"] * KV_BYTES_PER_TOKEN / 1e9, 2),
+        "generated_tokens": health["generated_tokens"],
+    }
 
 
 def main() -> None:
@@ -143,18 +124,13 @@ def main() -> None:
         raise SystemExit("no jemalloc: this Ray's wheel ships no ray/core/libjemalloc.so")
     arms = [("glibc", {}), ("jemalloc", {"LD_PRELOAD": str(lib)})]
     arms += [(f"jemalloc {conf}", {"LD_PRELOAD": str(lib), "MALLOC_CONF": conf}) for conf in args.malloc_conf]
-    ctx = multiprocessing.get_context("spawn")
     results = []
     for _ in range(args.repeats):
         for label, env in arms:
-            out = ctx.Queue()
-            proc = ctx.Process(
-                target=run_arm, args=(args.config, args.waves, args.groups, args.group_size, out)
-            )
-            with environment(env):  # the child execs with it: the allocator is chosen at start
-                proc.start()
-            results.append({"arm": label, **out.get()})
-            proc.join()
+            # the child starts with it: the allocator is chosen when a process starts
+            with mock.patch.dict(os.environ, env):
+                figures = in_fresh_process(run_arm, args.config, args.waves, args.groups, args.group_size)
+            results.append({"arm": label, **figures})
             print(json.dumps(results[-1]), flush=True)
     print("\n| allocator | wall-clock s | peak resident GB | final GB | session KV at peak GB |")
     print("|---|---|---|---|---|")

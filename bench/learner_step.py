@@ -87,7 +87,7 @@ def allocator_arms(
     freed blocks exactly and hide what it keeps)."""
     out = {}
     for allocator in ("system", "jemalloc"):
-        options = PlacementConfig().process_options(allocator)
+        options = PlacementConfig().process_options(allocator, local=True)  # this bench starts its own Ray
         out[allocator] = learner_tokens_per_s(cfg, model, batches, steps, cpus, options)
         print(json.dumps({f"allocator_{allocator}": out[allocator]}), flush=True)
     system, jemalloc = out["system"], out["jemalloc"]
