@@ -8,7 +8,8 @@ generated tokens/s, the whole prompt per step and the part the engine actually p
 Pass overrides to measure another profile side by side, e.g. the previous default:
 
     python bench/regime.py --tasks 24 [--config configs/cpu_default.yaml] [overrides ...]
-    python bench/regime.py --tasks 12 rollout.group_size=4 gate.k=2 agent.admissible_in_prompt=every_turn
+    python bench/regime.py --tasks 12 rollout.group_size=4 logging.regime_k=2 \\
+        agent.admissible_in_prompt=every_turn
 
 ``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
 (``python -m selective_rollout.gate.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> None:
     print(
         f"model {Path(model).name}, env {cfg.env.name} {cfg.env.model_extra or {}}, G={rc.group_size}, "
         f"max_steps={rc.max_steps}, "
-        f"K={cfg.gate.k}, temperature {cfg.engine.temperature}, engine {cfg.engine.dtype}, admissible "
+        f"K={cfg.regime_k}, temperature {cfg.engine.temperature}, engine {cfg.engine.dtype}, admissible "
         f"listed {cfg.agent.admissible_in_prompt}, history {cfg.agent.history_turns} turns, {n} tasks"
     )
     before = ray.get(engines[0].health.remote())
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
 
     groups = list(read_groups(out / "rollouts.jsonl"))
     print()
-    print_regime(groups, cfg.gate.k)
+    print_regime(groups, cfg.regime_k)
     steps = [s for g in groups for t in g.trajectories for s in t.steps]
     requests = after.get("requests", 0) - before.get("requests", 0)
     prefilled = after.get("prefilled_tokens", 0) - before.get("prefilled_tokens", 0)
@@ -143,7 +144,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     if args.rollouts:
-        k = load_config(args.config, args.overrides).gate.k
+        k = load_config(args.config, args.overrides).regime_k
         print_regime([g for path in args.rollouts for g in read_groups(path)], k)
     else:
         run(args)

@@ -412,7 +412,7 @@ class Trainer:
         if "after" not in self.state["eval"]:
             self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.train.iterations)
             self.save_final_state()
-        return write_report(self.run_dir, self.state, self.cfg.gate.k)
+        return write_report(self.run_dir, self.state, self.cfg.regime_k)
 
     def save_final_state(self) -> None:
         """Keep the final evaluation across a resume. The last iteration's checkpoint already holds

@@ -18,3 +18,11 @@ class LoggingConfig(Section):
         "offline", description="offline by default; WANDB_MODE in the environment wins"
     )
     progress: bool = Field(True, description="progress bars (throttled for non-TTY logs)")
+    regime_k: int | None = Field(
+        None,
+        ge=1,
+        description="the step at which the report's regime row measures D_K, the spread of the "
+        "groups' action prefixes where a divergence gate would read them (DESIGN.md 4: K = 10 of 30 "
+        "steps); default: the gate's k. Set it when the run's gate reads something else at another "
+        "step (the CPU profile's stalled gate at 11 of 15 steps: its regime is read at 4)",
+    )

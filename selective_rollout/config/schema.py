@@ -34,12 +34,23 @@ class RunConfig(Section):
     logging: LoggingConfig = LoggingConfig()
     placement: PlacementConfig = PlacementConfig()
 
+    @property
+    def regime_k(self) -> int:
+        """The step at which a report measures the regime's D_K spread (``logging.regime_k``)."""
+        return self.logging.regime_k or self.gate.k
+
     @model_validator(mode="after")
     def _gate_within_episode(self) -> "RunConfig":
         if self.rollout.uses_gate and self.gate.k > self.rollout.max_steps:
             raise ValueError(
                 f"gate.k={self.gate.k} exceeds rollout.max_steps={self.rollout.max_steps}: "
                 "the gate would never look"
+            )
+        regime_k = self.logging.regime_k
+        if regime_k is not None and regime_k > self.rollout.max_steps:
+            raise ValueError(
+                f"logging.regime_k={regime_k} exceeds rollout.max_steps={self.rollout.max_steps}: "
+                "no trajectory reaches that step"
             )
         return self
 

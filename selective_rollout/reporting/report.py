@@ -209,14 +209,14 @@ def plot_run(metrics: list[dict[str, Any]], groups: Sequence[GroupRecord], out: 
     return paths
 
 
-def write_report(run_dir: Path, state: dict[str, Any], gate_k: int) -> Path:
+def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
     """Write report.md, report.json and the plots into ``run_dir``; return report.md's path.
-    ``gate_k`` is the gate's step K, at which the regime's D_K spread is measured."""
+    ``regime_k`` is the step at which the regime's D_K spread is measured (``RunConfig.regime_k``)."""
     metrics = read_metrics(run_dir / "metrics.jsonl")
     rollouts = run_dir / "rollouts.jsonl"
     groups = list(read_groups(rollouts)) if rollouts.is_file() else []
     summary = rollout_summary(groups)
-    regime = regime_summary(groups, gate_k)
+    regime = regime_summary(groups, regime_k)
     evals = state.get("eval", {})
     plots = plot_run(metrics, groups, run_dir)
     located = read_placement(run_dir)

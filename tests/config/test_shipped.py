@@ -39,15 +39,26 @@ def test_paper_recipe_matches_the_paper():
 
 
 def test_cpu_profile_is_in_the_methods_regime_by_construction():
-    """DESIGN.md 4: G = 8, episodes of >= 15 steps, K mid-trajectory (3-6 and <= 40% of the cap);
-    the measured half of the regime (zero-variance share, D_K spread) is bench/regime.py's."""
+    """DESIGN.md 4: G = 8, episodes of >= 15 steps, the regime's D_K read mid-trajectory (K 3-6 and
+    <= 40% of the cap) even though the profile's gate (stalled) decides later; the measured half of
+    the regime (zero-variance share, D_K spread) is bench/regime.py's."""
     cfg = load_config(ROOT / "configs" / "cpu_default.yaml")
     rc, gate = cfg.rollout, cfg.gate
     assert rc.group_size == 8 and rc.max_steps >= 15
-    assert 3 <= gate.k <= 6 and gate.k <= 0.4 * rc.max_steps
+    assert 3 <= cfg.regime_k <= 6 and cfg.regime_k <= 0.4 * rc.max_steps
+    assert (gate.name, gate.k) == ("stalled", 11) and rc.strategy == "selective"
     assert cfg.agent.admissible_in_prompt == "first_turn" and cfg.agent.constrain_to_admissible
     assert cfg.agent.history_turns >= rc.max_steps  # one segment per trajectory
     assert 0 < rc.audit_budget <= 0.05 and cfg.warm_start.enabled
+
+
+def test_regime_k_defaults_to_the_gates_and_stays_within_the_episode():
+    from selective_rollout.config import ConfigError
+
+    assert load_config(None, ["gate.k=5"]).regime_k == 5
+    assert load_config(None, ["gate.k=11", "logging.regime_k=4"]).regime_k == 4
+    with pytest.raises(ConfigError, match=r"logging\.regime_k=16 exceeds rollout\.max_steps=15"):
+        load_config(None, ["rollout.max_steps=15", "logging.regime_k=16"])
 
 
 def test_configuration_reference_is_current():

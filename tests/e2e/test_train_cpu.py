@@ -41,8 +41,11 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             # failing; sampled hotter, some are mixed and the learner has something to learn from
             "engine.temperature=1.0",
             "rollout.audit_budget=1.0",
+            # the paper's gate (the profile's stalled one decides at step 11, past these episodes)
+            "gate.name=prefix_edit",
             "gate.k=2",
             "gate.tau=0.3",  # stops the groups whose first two actions agree (all zero-variance here)
+            "logging.regime_k=3",  # the report reads D_K here, not at the gate's step
             "warm_start.games=6",
             "warm_start.epochs=3",
             f"warm_start.cache_dir={tmp_path / 'warm'}",
@@ -110,7 +113,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
         assert e["per_try"].keys() == e["per_task"].keys()
         assert all(sum(w) / len(w) == e["per_task"][t] for t, w in e["per_try"].items())
     rollout, regime = summary["rollout"], summary["regime"]
-    assert regime["k"] == 2 and regime["groups"] == sum(g.zero_variance is not None for g in groups)
+    assert regime["k"] == 3 and regime["groups"] == sum(g.zero_variance is not None for g in groups)
     saving_row = next(ln for ln in text.splitlines() if ln.startswith("| step-tokens saved"))
     if rollout["gate_fires"]:  # the first stop is always audited; the saving is always estimated
         assert rollout["audited"] >= 1 and rollout["audit_precision_ci95"] is not None

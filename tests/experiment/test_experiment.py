@@ -347,7 +347,7 @@ def test_before_eval_key_ignores_what_acts_only_in_training():
 
 def test_shipped_ab_config_loads():
     exp, base = load_experiment("configs/ab_cpu.yaml")
-    assert list(exp.arms) == ["gate_off", "dapo", "gate_on", "selective_dapo", "gate_on_no_refill"]
+    assert list(exp.arms) == ["gate_off", "dapo", "gate_on", "selective_dapo", "paper_protocol"]
     assert base.name == "cpu_default.yaml"
 
 
@@ -389,7 +389,7 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
     (run / "report.json").write_text('{"iterations": 2, "eval": {"before": {}, "after": {}}}')
     assert finished_run(run, cfg)
     with pytest.raises(ConfigError, match="different config"):
-        finished_run(run, load_config("configs/cpu_default.yaml", ["train.iterations=2", "gate.tau=0.3"]))
+        finished_run(run, load_config("configs/cpu_default.yaml", ["train.iterations=2", "gate.k=10"]))
     # where and on which allocator the actors ran is not part of what the run computed
     moved = ["train.iterations=2", "placement.engine_allocator=jemalloc", "placement.env_worker_spread=true"]
     assert finished_run(run, load_config("configs/cpu_default.yaml", moved))
