@@ -13,7 +13,8 @@ the first audited group finishes, and counting only finished audits let a 5% bud
 several times over. Each audit in flight reserves its expected cost (the mean cost of finished
 audits; before any has finished, the mean step-tokens of a finished group, an upper bound of the
 part after the gate step; before any group has finished, no second audit is started) until its
-group ends, however it ends.
+group ends, however it ends, and a new audit is started only if its own expected cost fits
+too.
 
 It lives in the gate library (floor 1) because it needs nothing but records: the coordinator
 runs it online, and the held-out evaluation (gate/heldout.py) replays logs under the same rule.
@@ -50,8 +51,10 @@ class AuditBudget:
             return False
         if self.budget >= 1.0:
             return True
-        reserved = self.in_flight * self.expected_cost() if self.in_flight else 0.0
-        return self.audit_spent + reserved < self.budget * self.spent
+        # this audit's own expected cost counts too: checking only what is already spent or
+        # reserved let each new audit take the share over the budget by one audit's worth (two
+        # audits of the stalled gate took 7.3% of a run's step-tokens against a 5% budget)
+        return self.audit_spent + (self.in_flight + 1) * self.expected_cost() <= self.budget * self.spent
 
     def expected_cost(self) -> float:
         """What an audit in flight is expected to cost in step-tokens (see the module doc)."""

@@ -46,7 +46,10 @@ def test_spending_is_capped_at_the_budget_share() -> None:
     audits.observe(_group(Outcome.AUDITED, 10, 10, [0.0, 0.0]))
     assert audits.audit_spent == 2 * 8 * 10 and audits.spent == 200
     assert not audits.want_audit()  # 160 of 200 tokens went to audit: far over 5%
-    for _ in range(16):  # 3,200 more tokens of ordinary groups: 160 < 5% of 3,400
+    for _ in range(16):  # 3,200 more tokens of ordinary groups: 160 < 5% of 3,400 = 170 ...
+        audits.observe(_group(Outcome.COMPLETED, 10, 10, [0.0, 1.0], gate_step=None))
+    assert not audits.want_audit()  # ... but a second audit, expected to cost 160 too, would not fit
+    for _ in range(15):  # 6,400 in all: 160 spent + 160 expected = 5% of it
         audits.observe(_group(Outcome.COMPLETED, 10, 10, [0.0, 1.0], gate_step=None))
     assert audits.want_audit()
 
@@ -60,7 +63,7 @@ def _spend(audits: AuditBudget, groups: int) -> None:
 def test_audits_in_flight_reserve_their_expected_cost() -> None:
     # 4,000 tokens spent, so a 5% budget is 200 tokens; a group costs 100 on average.
     # Ten stops arrive while their groups are all still running: counting finished audits only,
-    # all ten would be audited (0 spent < 200); reserving 100 each, two are.
+    # all ten would be audited (0 spent < 200); reserving 100 each, the new one's own included, two are.
     audits = AuditBudget(budget=0.05)
     _spend(audits, 40)
     chosen = 0
