@@ -123,7 +123,8 @@ def main() -> None:
     tasks = list(itertools.islice(task_stream(train_tasks(base), base.seed), args.tasks * 4))
     n = args.tasks
     print(
-        f"model {Path(model).name}, G={base.rollout.group_size}, K={base.gate.k}, tau={base.gate.tau}, "
+        f"model {Path(model).name}, G={base.rollout.group_size}, gate {base.gate.name} K={base.gate.k} "
+        f"{base.gate.model_extra or {}}, "
         f"{n} tasks, max_steps={base.rollout.max_steps}"
     )
 

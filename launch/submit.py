@@ -1,7 +1,7 @@
 """Submit a training run (or any command) to a Ray cluster as a Ray job.
 
     python launch/submit.py [--address http://HEAD:8265] [--env KEY=VALUE ...] [--no-wait] \\
-        -- --config configs/cpu_default.yaml gate.tau=0.1
+        -- --config configs/cpu_default.yaml gate.k=10
 
 Everything after ``--`` goes to ``python -m selective_rollout.train`` unchanged (its ``--config``
 and dotted overrides). ``--command`` replaces the whole entrypoint instead (a smoke test, the

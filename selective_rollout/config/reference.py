@@ -24,7 +24,7 @@ Generated from the schema (`selective_rollout/config/`) by
 `python -m selective_rollout.config.reference`; do not edit by hand.
 
 A run is a YAML file (see `configs/`) plus dotted command-line overrides, e.g.
-`python -m selective_rollout.train --config configs/cpu_default.yaml gate.tau=0.1 rollout.group_size=8`.
+`python -m selective_rollout.train --config configs/cpu_default.yaml gate.k=10 rollout.group_size=8`.
 Unknown keys and invalid values are rejected with one error line naming the key.
 
 Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),

@@ -36,8 +36,10 @@ class RunConfig(Section):
 
     @property
     def regime_k(self) -> int:
-        """The step at which a report measures the regime's D_K spread (``logging.regime_k``)."""
-        return self.logging.regime_k or self.gate.k
+        """The step at which a report measures the regime's D_K spread (``logging.regime_k``), at most
+        the episode cap: a profile's regime key should not stop a run with shorter episodes (a test
+        or a quick try), whose D_K is then read at its last step."""
+        return min(self.logging.regime_k or self.gate.k, self.rollout.max_steps)
 
     @model_validator(mode="after")
     def _gate_within_episode(self) -> "RunConfig":
@@ -45,12 +47,6 @@ class RunConfig(Section):
             raise ValueError(
                 f"gate.k={self.gate.k} exceeds rollout.max_steps={self.rollout.max_steps}: "
                 "the gate would never look"
-            )
-        regime_k = self.logging.regime_k
-        if regime_k is not None and regime_k > self.rollout.max_steps:
-            raise ValueError(
-                f"logging.regime_k={regime_k} exceeds rollout.max_steps={self.rollout.max_steps}: "
-                "no trajectory reaches that step"
             )
         return self
 

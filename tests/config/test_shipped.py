@@ -53,12 +53,11 @@ def test_cpu_profile_is_in_the_methods_regime_by_construction():
 
 
 def test_regime_k_defaults_to_the_gates_and_stays_within_the_episode():
-    from selective_rollout.config import ConfigError
-
     assert load_config(None, ["gate.k=5"]).regime_k == 5
     assert load_config(None, ["gate.k=11", "logging.regime_k=4"]).regime_k == 4
-    with pytest.raises(ConfigError, match=r"logging\.regime_k=16 exceeds rollout\.max_steps=15"):
-        load_config(None, ["rollout.max_steps=15", "logging.regime_k=16"])
+    # the CPU profile's regime step (4) on 3-step episodes: read at the last step, not refused
+    short = load_config(ROOT / "configs" / "cpu_default.yaml", ["rollout.max_steps=3", "gate.k=2"])
+    assert short.regime_k == 3
 
 
 def test_configuration_reference_is_current():

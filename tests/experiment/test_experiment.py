@@ -411,6 +411,7 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
         "rollout.group_size=2",
         "rollout.groups_per_iteration=1",
         "rollout.max_steps=4",
+        "gate.name=prefix_edit",  # the paper's gate (the profile's stalled one decides at step 11)
         "gate.k=2",
         "gate.tau=0.5",
         "warm_start.enabled=false",
