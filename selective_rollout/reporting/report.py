@@ -103,7 +103,8 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
 def regime_summary(groups: Sequence[GroupRecord], k: int) -> dict[str, Any]:
     """Is this run in the method's regime (DESIGN.md 4)? Over the groups that ran to the end:
     the all-fail and all-succeed shares, the median trajectory length, and how many distinct
-    values D_K takes at the gate's step ``k`` (a gate needs a spread of D_K to measure anything)."""
+    values D_K takes at step ``k`` (``RunConfig.regime_k``: the gate's step unless the profile
+    names another; a divergence gate needs a spread of D_K to measure anything)."""
     from selective_rollout.gate import prefix_edit_distance
 
     whole = [g for g in groups if g.iteration >= 0 and g.zero_variance is not None and g.g >= 2]
