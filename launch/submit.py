@@ -3,9 +3,10 @@
     python launch/submit.py [--address http://HEAD:8265] [--env KEY=VALUE ...] [--no-wait] \\
         -- --config configs/cpu_default.yaml gate.k=10
 
-Everything after ``--`` goes to ``python -m selective_rollout.train`` unchanged (its ``--config``
-and dotted overrides). ``--command`` replaces the whole entrypoint instead (a smoke test, the
-placement check, an evaluation).
+Everything after ``--`` goes to ``python -m selective_rollout.train`` (its ``--config`` and dotted
+overrides), plus ``train.runs_dir=<--runs-dir>`` unless they name the run folder themselves.
+``--command`` replaces the whole entrypoint instead (a smoke test, the placement check, an
+evaluation).
 
 Why a wrapper rather than bare ``ray job submit``: the runtime env must carry the checkout (the
 cluster's image may hold an older copy of the package), must leave out the multi-GB virtualenvs,
@@ -109,6 +110,15 @@ def train_entrypoint(driver_args: Sequence[str] = (), python: str = "python") ->
     return shlex.join([python, "-m", TRAIN_MODULE, *driver_args])
 
 
+def with_runs_dir(driver_args: Sequence[str], runs_dir: str) -> list[str]:
+    """The driver's arguments with ``train.runs_dir=runs_dir`` added, unless they set
+    ``train.runs_dir`` or ``train.run_dir`` or ``runs_dir`` is empty. The job runs in Ray's copy
+    of the checkout, which goes with the job: a relative ``runs/`` would land there and vanish."""
+    if not runs_dir or any(a.startswith(("train.runs_dir=", "train.run_dir=")) for a in driver_args):
+        return list(driver_args)
+    return [*driver_args, f"train.runs_dir={runs_dir}"]
+
+
 def runtime_env(
     working_dir: str | Path | None,
     env_vars: Mapping[str, str],
@@ -167,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-working-dir", action="store_true", help="run the package installed in the image")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra job env var")
     p.add_argument("--python", default="python", help="interpreter on the cluster (default: python)")
+    p.add_argument(
+        "--runs-dir",
+        default=None,
+        help="the run's parent folder as the driver's node sees it (default: runs/ of --working-dir, "
+        "right when submitting on the head; a shared filesystem on a multi-node cluster; '' keeps "
+        "the config's)",
+    )
     p.add_argument("--command", default=None, help="run this shell command instead of the driver")
     p.add_argument("--submission-id", default=None, help="job id (default: Ray picks one)")
     p.add_argument("--entrypoint-num-cpus", type=float, default=None, help="CPUs reserved for the driver")
@@ -188,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command is not None and driver_args:
             raise SubmitError("--command replaces the driver: it takes no driver arguments after `--`")
-        entrypoint = args.command or train_entrypoint(driver_args, args.python)
+        runs_dir = str(Path(args.working_dir).resolve() / "runs") if args.runs_dir is None else args.runs_dir
+        entrypoint = args.command or train_entrypoint(with_runs_dir(driver_args, runs_dir), args.python)
         env = runtime_env(
             None if args.no_working_dir else args.working_dir, forwarded_env(os.environ, args.env)
         )

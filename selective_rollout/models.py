@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,3 +146,35 @@ def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> Pat
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` that is neither an alias nor an existing folder: resolved through a hub cache."""
+    return (
+        name.lower() not in ALIASES
+        and not Path(name).expanduser().exists()
+        and name.count("/") == 1
+        and not name.startswith((".", "/", "~"))
+    )
+
+
+def model_for_actors(name: str, resolved: Path) -> str:
+    """What the driver hands its actors: a hub id itself, which each actor resolves in its own
+    node's cache (``model_here``); else the folder the driver resolved, which every node must see."""
+    return name if is_hub_id(name) else str(resolved)
+
+
+def model_here(model: str) -> Path:
+    """The model folder on the node this runs on (an engine, a learner, the coordinator), from what
+    ``model_for_actors`` handed over; a model this node cannot load is one line naming the node.
+
+    The driver's node is not every actor's: a hub cache or an alias's conversion is per node unless
+    ``HF_HOME`` / ``SR_MODEL_CACHE`` sit on a shared filesystem, so a folder found by the driver
+    may not exist where an actor lands."""
+    try:
+        return resolve_model(model)
+    except ModelResolutionError as exc:
+        raise ModelResolutionError(
+            f"node {socket.gethostname()}: {exc}; an actor loads its model on its own node: put the "
+            "folder (or HF_HOME, or a warm start's cache) on a filesystem every node shares"
+        ) from None

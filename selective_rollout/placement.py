@@ -8,8 +8,10 @@ mislabelled. Each actor reports its own node; the driver records them once after
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from selective_rollout.config import RunConfig
 
 Location = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 def here() -> Location:
@@ -106,3 +109,84 @@ def resource_shortfall(demand: dict[str, float], available: dict[str, float]) ->
         for name, need in sorted(demand.items())
         if need > available.get(name, 0.0) + 1e-9
     ]
+
+
+class ActorsPending(ValueError):
+    """Actors Ray did not start within ``placement.pending_timeout_s``. A ``ValueError``, so the
+    driver's command line prints it as its one line and exits 2, like the other start-up refusals."""
+
+
+def _listed(names: list[str]) -> str:
+    """``engine 2, engine 5, coordinator`` as ``engines 2, 5; coordinator``: a run of 16 engines
+    still reads as one short line."""
+    kinds: dict[str, list[str]] = {}
+    for name in names:
+        kind, _, index = name.rpartition(" ")
+        if kind and index.isdigit():
+            kinds.setdefault(kind, []).append(index)
+        else:
+            kinds.setdefault(name, [])
+    return "; ".join(
+        kind if not ix else f"{kind} {ix[0]}" if len(ix) == 1 else f"{kind}s {', '.join(ix)}"
+        for kind, ix in kinds.items()
+    )
+
+
+def pending_error(
+    names: list[str], waited_s: float, demand: dict[str, float], cluster: dict[str, float]
+) -> str:
+    """The one line that stops a run whose actors ``names`` are still pending after ``waited_s``:
+    what the cluster lacks for the run's ``demand``, or, when it has enough in total, that
+    something else holds it."""
+    short = resource_shortfall(demand, cluster)
+    if short:
+        why = "the cluster lacks " + "; ".join(short)
+        fix = (
+            "add nodes with those resources or lower the run's (engine.num_engines, engine.num_gpus, "
+            "trainer.num_learners, env.num_workers, placement.*)"
+        )
+    else:
+        asked = ", ".join(f"{name} {need:g}" for name, need in sorted(demand.items()))
+        why = f"the cluster has what the run asks for in total ({asked}), but other actors or jobs hold it"
+        fix = "free it (`ray status` shows who holds what)"
+    return (
+        f"{_listed(names)} still pending after {waited_s:g} s: {why}; {fix}, "
+        "or raise placement.pending_timeout_s if nodes are still being added"
+    )
+
+
+def wait_for_actors(
+    refs: Mapping[Any, str],
+    timeout_s: float,
+    demand: dict[str, float],
+    poll_s: float = 60.0,
+    wait: Callable[..., tuple[list[Any], list[Any]]] | None = None,
+    cluster: Callable[[], dict[str, float]] | None = None,
+) -> None:
+    """Wait until every actor has answered its ref in ``refs`` (ref -> the actor's name, e.g. the
+    reply of a ``location`` call), logging every ``poll_s``; after ``timeout_s`` raise
+    ``ActorsPending`` naming the silent ones and what the cluster lacks for ``demand``.
+
+    Ray keeps an actor it cannot place pending forever, and a run that waits forever on one looks
+    like a slow start; an autoscaler adds nodes in minutes, so past the time-out nothing will come.
+    ``wait`` and ``cluster`` default to ``ray.wait`` and ``ray.cluster_resources`` (tests pass fakes).
+    """
+    if wait is None or cluster is None:
+        import ray
+
+        wait, cluster = wait or ray.wait, cluster or ray.cluster_resources
+    pending, waited = list(refs), 0.0
+    while pending and waited < timeout_s:
+        step = min(poll_s, timeout_s - waited)
+        _, pending = wait(pending, num_returns=len(pending), timeout=step)
+        waited += step
+        if pending and waited < timeout_s:
+            log.warning(
+                "%d actor(s) not started after %g s (%s); the run stops at placement.pending_timeout_s=%g",
+                len(pending),
+                waited,
+                ", ".join(refs[ref] for ref in pending),
+                timeout_s,
+            )
+    if pending:
+        raise ActorsPending(pending_error([refs[ref] for ref in pending], waited, demand, dict(cluster())))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -124,7 +125,8 @@ class Trainer:
         """``before_eval``: the held-out summary of this run's starting weights when it is already
         known (the experiment runner passes an earlier arm's: same warm start, same tasks, and a
         greedy evaluation that scores the same weights the same), so it is not played again."""
-        from selective_rollout.models import resolve_model
+        from selective_rollout.models import model_for_actors, resolve_model
+        from selective_rollout.placement import resource_demand, wait_for_actors
         from selective_rollout.reporting.metrics_log import MetricLogger
         from selective_rollout.rollout.coordinator import create_coordinator
         from selective_rollout.rollout.engines import check_backend_installed, create_engines
@@ -151,7 +153,10 @@ class Trainer:
         self.check_resources(joined)
         if cfg.warm_start.enabled:
             model_path = warm_start_model(cfg, model_path)
-        self.model_path = model_path
+        self.model_path = model_path  # on this node; the actors get model_for_actors's handle
+        self.actor_model = (
+            str(model_path) if cfg.warm_start.enabled else model_for_actors(cfg.engine.model, model_path)
+        )
         log.info(
             "policy: %s; %d train tasks, %d held-out tasks",
             model_path,
@@ -161,15 +166,19 @@ class Trainer:
         place = cfg.placement
         local = self.local_ray
         self.engines = create_engines(
-            cfg.engine, model_path, cfg.engine.num_engines, place.engine_options(local)
+            cfg.engine, self.actor_model, cfg.engine.num_engines, place.engine_options(local)
         )
         self.learner = LearnerGroup(
-            cfg.trainer, model_path, seed=cfg.seed, actor_options=place.learner_options(local)
+            cfg.trainer,
+            self.actor_model,
+            seed=cfg.seed,
+            actor_options=place.learner_options(local),
+            wait_started=lambda refs: wait_for_actors(refs, place.pending_timeout_s, resource_demand(cfg)),
         )
         self.coordinator = create_coordinator(
             cfg,
             self.engines,
-            model_path,
+            self.actor_model,
             run_dir,
             place.coordinator_options(local),
             place.env_worker_options(),
@@ -197,9 +206,10 @@ class Trainer:
             with contextlib.suppress(Exception):  # it is dead already; make sure it stays so
                 ray.kill(self.engines[index], no_restart=True)
             (engine,) = create_engines(
-                self.cfg.engine, self.model_path, 1, self.cfg.placement.engine_options(self.local_ray)
+                self.cfg.engine, self.actor_model, 1, self.cfg.placement.engine_options(self.local_ray)
             )
             self.learner.sync_weights([engine])
+            self.verify_served_weights({f"engine {index}": engine})
             self.engines[index] = engine
             ray.get(self.coordinator.replace_engine.remote(index, engine), timeout=60)
             self.engine_restarts += 1
@@ -216,7 +226,9 @@ class Trainer:
 
         for attempt in range(1, attempts + 1):
             try:
-                return self.learner.sync_weights(self.engines)
+                seconds = self.learner.sync_weights(self.engines)
+                self.verify_served_weights({f"engine {i}": e for i, e in enumerate(self.engines)})
+                return seconds
             except WeightSyncFailed as exc:
                 if not exc.dead_engines or attempt == attempts:
                     raise
@@ -225,6 +237,30 @@ class Trainer:
                 )
                 self.replace_dead_engines(probe=True)
         raise AssertionError("unreachable")
+
+    @functools.cached_property
+    def probe_ids(self) -> list[int]:
+        """The fixed probe every weight sync is verified on, in the policy's tokens."""
+        from transformers import AutoTokenizer
+
+        from selective_rollout.weight_sync.served import PROBE_TEXT
+
+        return list(AutoTokenizer.from_pretrained(str(self.model_path))(PROBE_TEXT)["input_ids"])
+
+    def verify_served_weights(self, engines: dict[str, Any]) -> float:
+        """Score the probe on the learner and on each engine (label -> actor); raise
+        ``ServedWeightsMismatch`` when one serves other weights (``weight_sync.served``), else
+        return the largest gap, logged as ``system/served_logprob_gap``."""
+        import ray
+
+        from selective_rollout.weight_sync.served import check_served
+
+        want = self.learner.logprobs([self.probe_ids])[0]
+        got = ray.get([e.score.remote(self.probe_ids) for e in engines.values()], timeout=600)
+        gaps = check_served(want, dict(zip(engines, got, strict=True)), self.cfg.trainer.served_weights_tol)
+        self.served_gap = max(gaps.values())
+        log.info("weights served as sent: largest probe log-prob gap %.2g nats", self.served_gap)
+        return self.served_gap
 
     def check_resources(self, joined: bool) -> None:
         """Fail in seconds, with the numbers, when the cluster can never place the run's actors
@@ -240,27 +276,31 @@ class Trainer:
         message = "the cluster cannot place this run's actors: " + "; ".join(short)
         if not joined:
             raise ValueError(message + " (the placement, engine, trainer and env sections ask for them)")
-        log.warning("%s; waiting in case an autoscaler adds nodes", message)
+        log.warning(
+            "%s; waiting in case an autoscaler adds nodes (engines, the coordinator and env workers "
+            "still pending after placement.pending_timeout_s=%g s stop the run)",
+            message,
+            self.cfg.placement.pending_timeout_s,
+        )
 
     def record_placement(self) -> None:
-        """Write placement.json and log how many nodes each kind of actor landed on."""
+        """Write placement.json and log how many nodes each kind of actor landed on; stop the run
+        with one line when some are still pending after ``placement.pending_timeout_s`` (Ray
+        would keep them pending forever)."""
         import ray
 
-        from selective_rollout.placement import nodes_by_kind, write_placement
+        from selective_rollout.placement import (
+            nodes_by_kind,
+            resource_demand,
+            wait_for_actors,
+            write_placement,
+        )
 
         engines = [e.location.remote() for e in self.engines]
         coordinator = self.coordinator.placement.remote()
-        pending, waited = [*engines, coordinator], 0
-        while pending:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=60)
-            if pending:
-                waited += 60
-                log.warning(
-                    "%d actor(s) not started after %d s: Ray may be unable to place them; compare the "
-                    "placement section with the cluster's resources (`ray status`, docs/cluster.md)",
-                    len(pending),
-                    waited,
-                )
+        names = {ref: f"engine {i}" for i, ref in enumerate(engines)}
+        names[coordinator] = "the coordinator (or its env workers)"
+        wait_for_actors(names, self.cfg.placement.pending_timeout_s, resource_demand(self.cfg))
         placement = {
             "engines": ray.get(engines),
             "learners": self.learner.locations(),
@@ -287,12 +327,15 @@ class Trainer:
             raise RuntimeError(error)
 
     def resume(self) -> None:
+        """Load the last checkpoint, if any; either way sync the engines once before anything is
+        played, so that a sync or serving fault shows in seconds (``verify_served_weights``), not
+        after the first evaluation, rollout and learner step."""
         extra = self.learner.resume(self.ckpt_dir)
-        if extra is None:
-            return
-        self.state.update(extra)
-        self.sync_weights()
-        log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
+        if extra is not None:
+            self.state.update(extra)
+            log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
+        seconds = self.sync_weights()
+        log.info("weight sync at start-up: %.1f s", seconds)
 
     def evaluate(self, label: str) -> dict[str, Any]:
         from selective_rollout.policy_eval import format_summary, success_summary
@@ -325,6 +368,7 @@ class Trainer:
         window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
         stream = task_stream(self.train_tasks, cfg.train.task_shuffle_seed, self.state["cursor"])
         tasks = list(itertools.islice(stream, window))
+        counters = self.engine_counters()
         ref = self.coordinator.rollout.remote(tasks, it)
         batch = wait_for_coordinator(
             self.coordinator,
@@ -336,9 +380,11 @@ class Trainer:
         self.replace_dead_engines(probe=True)  # before the weight sync: a dead member would stall it
         self.state["cursor"] += batch.tasks_consumed
         metrics = dict(batch.metrics)
+        metrics.update(cache_metrics(counters, self.engine_counters(), metrics.get("rollout/env_steps", 0.0)))
         if batch.experiences:
             metrics.update(self.learner.train_step(batch.experiences))
             metrics["system/weight_sync_s"] = self.sync_weights()
+            metrics["system/served_logprob_gap"] = self.served_gap
         else:
             log.warning("iteration %d: no trainable group (all cut, filtered or failed); no update", it)
         if cfg.train.eval_every and (it + 1) % cfg.train.eval_every == 0 and it + 1 < cfg.train.iterations:
@@ -353,6 +399,16 @@ class Trainer:
         if (it + 1) % cfg.trainer.save_every == 0 or it + 1 == cfg.train.iterations:
             self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
         return metrics
+
+    def engine_counters(self) -> dict[int, tuple[int, int]]:
+        """Each engine's (prompt tokens served from cache, prompt tokens prefilled) so far."""
+        import ray
+
+        healths = ray.get([e.health.remote() for e in self.engines], timeout=60)
+        return {
+            id(e): (int(h.get("cached_tokens", 0)), int(h.get("prefilled_tokens", 0)))
+            for e, h in zip(self.engines, healths, strict=True)
+        }
 
     def memory_metrics(self) -> dict[str, float]:
         """Resident memory of the driver and of every actor of the run, GB: growth across
@@ -446,6 +502,25 @@ class Trainer:
                 closer()
             except Exception as exc:  # cleanup must go on past one dead actor
                 log.warning("cleanup step failed: %s", exc)
+
+
+def cache_metrics(
+    before: dict[Any, tuple[int, int]], after: dict[Any, tuple[int, int]], env_steps: float
+) -> dict[str, float]:
+    """What the engines' prompt caches did between two ``engine_counters`` readings: the share of
+    prompt tokens served from cache and the tokens prefilled per env step. A multi-turn dialogue
+    should prefill about one turn's new tokens a step; its whole length means a bypassed cache.
+    An engine that is new since ``before`` (a replacement) counts from zero."""
+    cached = prefilled = 0
+    for key, (c, f) in after.items():
+        c0, f0 = before.get(key, (0, 0))
+        cached, prefilled = cached + c - c0, prefilled + f - f0
+    if cached + prefilled <= 0:
+        return {}
+    return {
+        "system/prefix_cache_hit_rate": cached / (cached + prefilled),
+        "system/prefilled_tokens_per_env_step": prefilled / env_steps if env_steps else 0.0,
+    }
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

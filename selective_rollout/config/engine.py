@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from selective_rollout.config.base import EntrySection
 
@@ -56,7 +56,11 @@ class EngineConfig(EntrySection):
     )
     # Ray resources of one engine actor.
     num_cpus: float = Field(1.0, gt=0.0)
-    num_gpus: float = Field(0.0, ge=0.0, description="0 on CPU; vLLM on a cluster: tensor_parallel_size")
+    num_gpus: float = Field(
+        0.0,
+        ge=0.0,
+        description="0 on CPU; vLLM on GPUs: engine.tensor_parallel_size (a share of one GPU when that is 1)",
+    )
 
     @classmethod
     def entries(cls) -> Mapping[str, Any]:
@@ -68,3 +72,19 @@ class EngineConfig(EntrySection):
         if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
             raise ValueError(f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _gpus_match_tensor_parallel(self) -> "EngineConfig":
+        """A back-end that shards its model (it declares ``tensor_parallel_size``: vLLM) starts its
+        tensor-parallel workers as processes of the engine actor, on the GPUs Ray gave that actor.
+        With fewer, vLLM falls back to starting Ray workers for the missing GPUs (beside the ones
+        the actor holds idle) or fails; with more, the extra GPUs sit idle. 0 GPUs is a CPU engine."""
+        tp = getattr(self, "tensor_parallel_size", None)
+        gpus = self.num_gpus
+        if tp is None or gpus == 0 or gpus == tp or (tp == 1 and gpus < 1):
+            return self
+        raise ValueError(
+            f"engine.num_gpus={gpus:g} with engine.tensor_parallel_size={tp}: a vLLM engine runs its "
+            f"{tp} tensor-parallel worker(s) on its own actor's GPUs; set engine.num_gpus={tp} "
+            "(0 runs it on CPU)"
+        )

@@ -53,6 +53,13 @@ class PlacementConfig(Section):
     coordinator_allocator: Allocator = Field(
         "system", description="malloc of the coordinator, and so of the env workers it starts"
     )
+    pending_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="stop the run, naming the actors and the resources they lack, when Ray has not "
+        "started every engine, the coordinator and its env workers this many seconds after they "
+        "were asked for (an autoscaler adding nodes must be quicker)",
+    )
 
     def process_options(self, allocator: Allocator, local: bool) -> dict[str, Any]:
         """Ray options that start an actor's process on ``allocator``: ``LD_PRELOAD`` must be set

@@ -51,14 +51,30 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _rescore_only_what_trains(self) -> "RunConfig":
+        """A back-end that can re-score constrained replies for the model's unconstrained
+        log-probs (``engine.rescore_choices``) pays a whole uncached prefill per reply for it; left
+        unset, it does so exactly when the learner trains on the engine's log-probs
+        (``trainer.old_logprobs: engine``). The dumped config says what ran."""
+        if "rescore_choices" in (self.engine.model_extra or {}) and self.engine.rescore_choices is None:
+            self.engine.rescore_choices = self.trainer.old_logprobs == "engine"
+        return self
+
+    @model_validator(mode="after")
     def _nccl_needs_a_gpu_each(self) -> "RunConfig":
         """NCCL refuses two ranks of one group on one GPU ("Duplicate GPU detected"), and fractional
-        GPUs let Ray put a learner and an engine on the same one."""
+        GPUs let Ray put a learner and an engine on the same one. ``auto`` is NCCL wherever the
+        learners run on CUDA (``LearnerGroup.sync_method``), and a run that asks for GPUs does, so
+        it is refused the same way: the run would otherwise fail at its first weight sync."""
         learner, engine = self.placement.learner_num_gpus, self.engine.num_gpus
-        if self.trainer.weight_sync == "nccl" and (0 < learner < 1 or 0 < engine < 1):
+        sync = self.trainer.weight_sync
+        nccl = sync == "nccl" or (sync == "auto" and (learner > 0 or engine > 0))
+        if nccl and (0 < learner < 1 or 0 < engine < 1):
+            means = " (auto means NCCL on GPUs)" if sync == "auto" else ""
             raise ValueError(
-                f"trainer.weight_sync=nccl with placement.learner_num_gpus={learner} and engine.num_gpus="
-                f"{engine}: a fractional GPU lets Ray place a learner and an engine on one GPU, which "
-                "NCCL refuses; give each at least 1 GPU, or use weight_sync=gloo/object_store"
+                f"trainer.weight_sync={sync}{means} with placement.learner_num_gpus={learner:g} and "
+                f"engine.num_gpus={engine:g}: a fractional GPU lets Ray place a learner and an engine "
+                "on one GPU, which NCCL refuses; give each at least 1 GPU, or set "
+                "trainer.weight_sync=gloo"
             )
         return self

@@ -86,6 +86,13 @@ class TrainerConfig(Section):
     weight_sync: Literal["auto", "gloo", "nccl", "object_store"] = Field(
         "auto", description="auto: nccl when the learner has a GPU, else gloo"
     )
+    served_weights_tol: float = Field(
+        0.1,
+        gt=0.0,
+        description="after every weight sync each engine scores a fixed probe like the learner or the "
+        "run stops: the largest mean |log-prob gap| (nats) allowed; numerics (bf16, kernels) stay "
+        "within hundredths, wrong weights move it by nats (weight_sync/served.py)",
+    )
     # checkpoints (the driver calls save every `save_every` iterations)
     save_every: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)

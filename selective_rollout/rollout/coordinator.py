@@ -29,6 +29,7 @@ from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.gate import NoGate
 from selective_rollout.gate.audit import AuditBudget
+from selective_rollout.models import model_here
 from selective_rollout.records import (
     Experience,
     GroupRecord,
@@ -259,7 +260,7 @@ class GroupCoordinator:
         log.warning("every rollout engine has died; waiting up to %.0f s for a replacement", timeout)
         try:
             await asyncio.wait_for(self._engine_back.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RuntimeError(
                 f"every rollout engine has died and none was replaced within {timeout:.0f} s "
                 "(rollout.engine_replace_timeout_s)"
@@ -524,7 +525,7 @@ class CoordinatorActor:
         cfg = RunConfig.model_validate(cfg_data)
         environment = cfg.env.build()
         self.pool = environment.pool(env_worker_options)
-        agent = Agent.from_model(cfg.agent, model_path, environment.prompt)
+        agent = Agent.from_model(cfg.agent, model_here(model_path), environment.prompt)
         self.coordinator = GroupCoordinator(cfg, engines, self.pool, agent, run_dir)
 
         self.evaluator = GroupCoordinator(evaluation_config(cfg), engines, self.pool, agent, None)

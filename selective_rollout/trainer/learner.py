@@ -20,6 +20,7 @@ import torch
 
 from selective_rollout import process_memory
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.models import model_here
 from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
@@ -104,7 +105,7 @@ class LearnerWorker:
 
     def __init__(self, cfg: dict[str, Any], model_path: str, seed: int, rank: int, world_size: int) -> None:
         self.cfg = TrainerConfig.model_validate(cfg)
-        self.model_path = model_path
+        self.model_path = str(model_here(model_path))
         self.seed = seed
         self.rank = rank
         self.world_size = world_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,11 @@ class LearnerGroup:
         model_path: str | Path,
         seed: int = 0,
         actor_options: dict | None = None,
+        wait_started: Callable[[dict[Any, str]], None] | None = None,
     ) -> None:
+        """``wait_started`` receives {ref: "learner r"} of a first call to each actor and returns
+        once they have answered (the driver's ``placement.wait_for_actors`` stops the run when Ray
+        cannot place them); without it, the group waits as long as Ray does."""
         if not ray.is_initialized():
             raise RuntimeError("LearnerGroup needs a running Ray: call ray.init() first")
         self.cfg = cfg
@@ -96,6 +100,8 @@ class LearnerGroup:
         self.actors = [
             actor_cls.options(**options).remote(payload, str(model_path), seed, rank, n) for rank in range(n)
         ]
+        if wait_started is not None:
+            wait_started({a.location.remote(): f"learner {r}" for r, a in enumerate(self.actors)})
         host, port = ray.get(self.actors[0].rendezvous_address.remote())
         ray.get([a.setup.remote(host, port) for a in self.actors])
         self._device_type: str = ray.get(self.actors[0].device_type.remote())
@@ -194,9 +200,36 @@ class LearnerGroup:
 
     # -- weight sync -------------------------------------------------------------------------
     def sync_method(self) -> str:
+        """``trainer.weight_sync`` as it runs: ``auto`` is NCCL where the learners are on CUDA, else
+        gloo; ``object_store`` is refused for a model too big to copy whole (``check_object_store``)."""
         if self.cfg.weight_sync == "auto":
             return "nccl" if self._device_type == "cuda" else "gloo"
+        if self.cfg.weight_sync == "object_store":
+            self.check_object_store()
         return self.cfg.weight_sync
+
+    # object_store puts the whole model into Ray's object store at every sync and each engine copies
+    # it out (and its workers once more): ~15 GB per engine at 7B in bf16, against one broadcast
+    # per tensor over a process group. A run above this many parameters is refused.
+    OBJECT_STORE_MAX_PARAMS = 1_000_000_000
+
+    def check_object_store(self) -> None:
+        """Refuse ``trainer.weight_sync=object_store`` above ``OBJECT_STORE_MAX_PARAMS`` parameters of
+        the weights engines receive (LoRA merged), read once from rank 0; the run's first sync is
+        at start-up, so a 7B run stops in seconds instead of spilling the object store later."""
+        specs = getattr(self, "_object_store_specs", None)
+        if specs is None:
+            specs = self._object_store_specs = self._on_rank0("weight_specs")
+        params = sum(math.prod(spec.shape) for spec in specs)
+        if params <= self.OBJECT_STORE_MAX_PARAMS:
+            return
+        size_gb = sum(math.prod(spec.shape) * spec.torch_dtype.itemsize for spec in specs) / 1e9
+        raise ValueError(
+            f"trainer.weight_sync=object_store with a model of {params:,} parameters ({size_gb:.2f} GB "
+            "of weights): every sync copies them whole through Ray's object store for each engine, "
+            f"refused above {self.OBJECT_STORE_MAX_PARAMS:,}; use trainer.weight_sync=nccl (GPUs) or "
+            "gloo (auto picks between them)"
+        )
 
     def sync_weights(self, engines: list) -> float:
         """Send the current weights to every engine; returns the seconds it took.

@@ -4,9 +4,10 @@ vLLM runs the model in worker processes that the engine actor never touches dire
 actor reaches them with ``collective_rpc(<method name>)``. Names carry an ``sr_`` prefix so
 they cannot shadow a worker's own methods. vLLM's loaders take HF parameter names and do the
 fusing (qkv, gate/up) themselves, which is why the learner sends HF names. Loading goes through
-the worker's ``reload_weights`` where vLLM has it: on CPU, vLLM packs linear weights into
-oneDNN handles and frees the originals, so only its layer-wise reload (which re-runs the
-post-load processing) can replace them. Arguments cross vLLM's msgpack RPC, which turns
+the worker's ``reload_weights``: on CPU, vLLM packs linear weights into oneDNN handles and frees
+the originals, so only its layer-wise reload (which re-runs the post-load processing) can replace
+them. A load that stops midway (a called-off sync) closes that reload before it leaves
+(``_sr_close_reload``), so the retry starts clean. Arguments cross vLLM's msgpack RPC, which turns
 tensors into lists and refuses dataclasses, so they travel as plain tuples and raw bytes
 (``pack_specs`` / ``pack_tensors``).
 """
@@ -80,10 +81,25 @@ class WeightSyncExtension:
         self._sr_load(weights)
 
     def _sr_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if hasattr(self, "reload_weights"):
+        try:
             self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        else:  # older vLLM: plain load into the live parameters (GPU layouts keep them)
-            self.model_runner.model.load_weights(weights=weights)
+        except BaseException:
+            self._sr_close_reload()
+            raise
+
+    def _sr_close_reload(self) -> None:
+        """Close a layer-wise reload that stopped midway. Left open, every layer stays wrapped with
+        the tensors it had buffered, and the next reload (which skips layers already open) counts
+        them again: a half-loaded layer is processed as soon as the stale and the new tensors add
+        up to its size, partly from the stale ones and partly from uninitialised memory, and the
+        tensors that arrive after that are dropped as excess. Closing it processes what arrived
+        and puts the previous weights back where nothing did; the engine serves a mix until the
+        retry, which the driver runs before the engine generates again, replaces every layer."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
 
     def sr_checksum(self) -> float:
         with torch.no_grad():

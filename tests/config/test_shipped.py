@@ -73,3 +73,50 @@ def test_nccl_sync_with_a_shared_gpu_is_refused():
     with pytest.raises(ConfigError, match="NCCL refuses"):
         load_config(None, shared)
     load_config(None, ["trainer.weight_sync=nccl", "placement.learner_num_gpus=1", "engine.num_gpus=1"])
+
+
+def test_two_node_recipe_is_the_multinode_recipe_on_16_gpus():
+    """2 nodes x 8 GPUs: half the multinode recipe's engines, learners, prompts and env workers, so
+    each engine and learner carries the same load; everything else is the same run."""
+    from selective_rollout.placement import resource_demand
+
+    two = load_config(ROOT / "configs" / "alfworld_qwen2.5_7b_2node.yaml")
+    four = load_config(ROOT / "configs" / "alfworld_qwen2.5_7b_multinode.yaml")
+    assert resource_demand(two)["GPU"] == 16 and resource_demand(four)["GPU"] == 32
+    assert (two.engine.num_engines, two.trainer.num_learners) == (8, 8)
+    assert two.engine.num_gpus == two.engine.tensor_parallel_size == 1
+    halved = {
+        "engine": {"num_engines": 8},
+        "trainer": {"num_learners": 8},
+        "rollout": {"groups_per_iteration": 16, "max_groups_in_flight": 32},
+        "env": {"num_workers": 32},
+    }
+    same = four.model_dump()
+    for section, keys in halved.items():
+        same[section].update(keys)
+    same["name"] = two.name
+    assert two.model_dump() == same
+
+
+def _rescores(cfg) -> bool | None:
+    return (cfg.engine.model_extra or {}).get("rescore_choices")
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
+def test_no_shipped_config_reprefills_whole_dialogues_for_log_probs_nothing_trains_on(path):
+    """Re-scoring a constrained reply is an uncached prefill of the whole dialogue, every turn
+    (on vLLM: 4-5x fewer env steps/s); only trainer.old_logprobs: engine trains on its result."""
+    cfg = load_config(path)
+    if _rescores(cfg) is not None:
+        assert _rescores(cfg) == (cfg.trainer.old_logprobs == "engine")
+
+
+def test_rescoring_follows_the_objective_unless_set():
+    recipe = ROOT / "configs" / "alfworld_qwen2.5_7b_grpo.yaml"
+    assert _rescores(load_config(recipe)) is False
+    assert _rescores(load_config(recipe, ["trainer.old_logprobs=engine"])) is True
+    assert _rescores(load_config(recipe, ["engine.rescore_choices=true"])) is True
+    assert (
+        _rescores(load_config(recipe, ["trainer.old_logprobs=engine", "engine.rescore_choices=false"]))
+        is False
+    )

@@ -8,6 +8,7 @@ nodes (and anyone else's local Ray) coexist on one machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,3 +201,27 @@ def submit(dashboard_url: str, *args: str, timeout_s: float = 300.0) -> subproce
         text=True,
         timeout=timeout_s,
     )
+
+
+@contextlib.contextmanager
+def head_and_worker(
+    log_dir: Path, head_cpus: int, worker_resources: dict[str, float], worker_cpus: int
+) -> Iterator[tuple[RayNode, dict[str, str]]]:
+    """A head and a second node offering ``worker_resources``: (head, {"head": node id, "worker":
+    node id}). Both are stopped by PID on exit, and processes that outlive them fail the caller."""
+    head = start_head(log_dir, num_cpus=head_cpus)
+    worker = None
+    try:
+        worker = start_worker(head, log_dir, worker_resources, num_cpus=worker_cpus)
+        nodes = wait_for_nodes(head, 2)
+        marker = next(iter(worker_resources))
+        yield (
+            head,
+            {
+                "head": next(n.node_id for n in nodes if n.is_head_node),
+                "worker": next(n.node_id for n in nodes if n.resources_total.get(marker)),
+            },
+        )
+    finally:
+        survivors = (worker.stop() if worker else []) + head.stop()
+    assert survivors == [], f"Ray processes outlived their nodes: {survivors}"

@@ -11,12 +11,12 @@ import json
 import re
 import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 
 import jsonschema
 import pytest
 import ray.autoscaler
-import tomllib
 import yaml
 
 from selective_rollout.config import load_config
@@ -106,6 +106,15 @@ def test_sbatch_script_parses_and_starts_blocking_nodes() -> None:
     assert "ray stop" not in text
     assert f'--resources="{{\\"{ENV_RESOURCE}\\"' in text
     assert "launch/submit.py" in text
+
+
+def test_sbatch_script_installs_with_vllm() -> None:
+    """`make install` has no vLLM (the development set); the GPU nodes' venv comes from `make install-gpu`."""
+    text = (LAUNCH / "slurm_ray.sbatch").read_text()
+    assert "make install-gpu" in text
+    assert not re.search(r"make install(?!-gpu)", text), "the sbatch file names `make install` (no vLLM)"
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^install-gpu:", makefile, re.M) and '-e ".[gpu]"' in makefile
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))

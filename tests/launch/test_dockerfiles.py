@@ -9,11 +9,11 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import tomllib
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -147,9 +147,10 @@ def test_base_image_has_an_exact_tag(path: Path) -> None:
 
 
 # The CUDA major each pinned GPU wheel is built for, read from its PyPI metadata (torch 2.13.0
-# requires cuda-toolkit==13.0.3 and the *-cu13 NVIDIA wheels; vLLM 0.29.0 the cu13 CUTLASS DSL).
-# A new pin must be looked up and added here: a KeyError is this test asking for it.
-CUDA_MAJOR_OF_PIN = {("torch", "2.13.0"): 13, ("vllm", "0.29.0"): 13}
+# requires cuda-toolkit==13.0.3 and the *-cu13 NVIDIA wheels; vLLM 0.32.0 requires
+# nvidia-cutlass-dsl[cu13] and humming-kernels[cu13]). A new pin must be looked up and added here:
+# a KeyError is this test asking for it.
+CUDA_MAJOR_OF_PIN = {("torch", "2.13.0"): 13, ("vllm", "0.32.0"): 13}
 
 
 def test_gpu_image_has_one_cuda_major() -> None:
@@ -162,6 +163,17 @@ def test_gpu_image_has_one_cuda_major() -> None:
     majors = {"base image": int(m.group(1))}
     majors |= {name: CUDA_MAJOR_OF_PIN[(name, pins[name])] for name in ("torch", "vllm")}
     assert len(set(majors.values())) == 1, f"CUDA majors disagree: {majors}"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_comments_name_the_pinned_vllm_and_requires_python(path: Path) -> None:
+    """The comments explain the image with versions; a bump on one side leaves them wrong."""
+    pins, _, requires_python = project_pins()
+    comments = " ".join(i["value"] for i in parse(path).structure if i["instruction"] == "COMMENT")
+    vllm = re.findall(r"vLLM (\d+\.\d+\.\d+)", comments)
+    ranges = re.findall(r"requires-python:? (>=[^)\s]+)", comments)
+    assert vllm and set(vllm) == {pins["vllm"]}, f"{path.name} comments name vLLM {vllm}"
+    assert ranges and {SpecifierSet(r) for r in ranges} == {requires_python}, ranges
 
 
 def test_cpu_image_python_satisfies_requires_python() -> None:

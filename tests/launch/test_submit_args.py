@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.submit import SubmitError, forwarded_env, main, runtime_env, train_entrypoint
+from launch.submit import SubmitError, forwarded_env, main, runtime_env, train_entrypoint, with_runs_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,3 +83,11 @@ def test_bad_invocations_exit_2_with_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err, err
+
+
+def test_the_run_folder_lands_in_the_checkouts_runs_unless_the_arguments_choose_one() -> None:
+    args = ["--config", "c.yaml", "gate.k=3"]
+    assert with_runs_dir(args, "/repo/runs") == [*args, "train.runs_dir=/repo/runs"]
+    for chosen in ("train.runs_dir=/shared/runs", "train.run_dir=/shared/runs/r1"):
+        assert with_runs_dir([*args, chosen], "/repo/runs") == [*args, chosen]
+    assert with_runs_dir(args, "") == args

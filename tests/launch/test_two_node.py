@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from selective_rollout.reporting.metrics_log import read_metrics
-from tests.launch.ray_nodes import RayNode, start_head, start_worker, submit, wait_for_nodes
+from tests.launch.ray_nodes import RayNode, head_and_worker, submit
 
 pytestmark = pytest.mark.slow
 
@@ -19,21 +19,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayNode, dict[str, str]]]:
     """(head, {"head": node id, "worker": node id}); torn down by PID, survivors fail the module."""
-    logs = tmp_path_factory.mktemp("two_nodes")
     # logical CPUs: the training job needs an engine, a learner, the coordinator and env workers
-    head = start_head(logs, num_cpus=6)
-    worker = None
-    try:
-        worker = start_worker(head, logs, {"env_node": 4}, num_cpus=4)
-        nodes = wait_for_nodes(head, 2)
-        ids = {
-            "head": next(n.node_id for n in nodes if n.is_head_node),
-            "worker": next(n.node_id for n in nodes if n.resources_total.get("env_node")),
-        }
-        yield head, ids
-    finally:
-        survivors = (worker.stop() if worker else []) + head.stop()
-    assert survivors == [], f"Ray processes outlived their nodes: {survivors}"
+    with head_and_worker(tmp_path_factory.mktemp("two_nodes"), 6, {"env_node": 4}, 4) as nodes:
+        yield nodes
 
 
 def test_env_workers_land_on_the_env_node(two_nodes, tmp_path: Path) -> None:

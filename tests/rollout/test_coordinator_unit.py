@@ -55,7 +55,7 @@ class ScriptedEngine:
         try:
             await asyncio.wait_for(event.wait(), timeout=self.slow.get(int(t[1:]), self.delay))
             reason = "abort"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             reason = "stop"
         finally:
             self.in_flight.pop(request_id, None)

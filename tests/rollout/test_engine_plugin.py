@@ -74,6 +74,9 @@ class CannedEngine(RolloutEngine):
     async def load_weights(self, named_tensors: dict[str, Any]) -> None:
         raise NotImplementedError("the canned engine has no weights")
 
+    async def score(self, token_ids: list[int]) -> list[float]:
+        raise NotImplementedError("the canned engine has no model")
+
     async def weights_checksum(self) -> float:
         return 0.0
 

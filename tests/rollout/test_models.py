@@ -108,3 +108,36 @@ def test_conversion_keeps_the_ggufs_logits(smollm2_path: Path):
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356]])
     with torch.no_grad():
         assert torch.allclose(ref(ids).logits, ours(ids).logits, atol=1e-5)
+
+
+def test_actors_get_a_hub_id_to_resolve_on_their_node_and_a_folder_otherwise(smollm2_path: Path):
+    from selective_rollout.models import model_for_actors
+
+    assert model_for_actors("Qwen/Qwen2.5-7B-Instruct", Path("/driver/cache/x")) == "Qwen/Qwen2.5-7B-Instruct"
+    assert model_for_actors("smollm2-135m-instruct", smollm2_path) == str(smollm2_path)
+    assert model_for_actors(str(smollm2_path), smollm2_path) == str(smollm2_path)
+
+
+def test_an_actor_resolves_a_hub_id_in_its_own_nodes_cache(monkeypatch, tmp_path: Path):
+    """The driver's snapshot path is not handed over: this node's cache has its own."""
+    from selective_rollout.models import model_here
+
+    snapshot = _hub_cache(tmp_path, "tiny-org/tiny-llama")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert model_here("tiny-org/tiny-llama") == snapshot
+
+
+def test_a_model_missing_on_an_actors_node_is_one_line_naming_the_node(monkeypatch, tmp_path: Path):
+    import socket
+
+    from selective_rollout.models import model_here
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for model in (str(tmp_path / "warm-start-on-the-driver"), "tiny-org/absent"):
+        with pytest.raises(ModelResolutionError) as raised:
+            model_here(model)
+        message = str(raised.value)
+        assert message.startswith(f"node {socket.gethostname()}: ") and "\n" not in message
+        assert "shares" in message

@@ -1,7 +1,7 @@
 """A test double of a rollout engine's weight-sync surface: a plain HF model in a Ray actor.
 
 It implements the methods the real engines expose (init_weight_sync, receive_weights,
-load_weights, weights_checksum, health) plus ``logprobs`` so tests can check that a synced engine
+load_weights, score, weights_checksum, health) plus ``logprobs`` so tests can check that a synced engine
 scores tokens exactly as the learner does, and ``die_during_next_sync`` to stand for an engine
 that dies in the middle of a broadcast.
 """
@@ -89,6 +89,9 @@ class EngineDouble:
 
     def weights_checksum(self) -> float:
         return checksum(list(self.model.named_parameters()))
+
+    def score(self, token_ids: list[int]) -> list[float]:
+        return self.logprobs([token_ids])[0]
 
     def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
         with torch.no_grad():

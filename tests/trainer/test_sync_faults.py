@@ -15,7 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 import ray
+import torch
 
+from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.trainer import LearnerGroup, WeightSyncFailed
 from selective_rollout.weight_sync.collective import SYNC_TIMEOUT_S
@@ -114,6 +116,36 @@ def test_an_engine_dying_mid_sync_fails_it_fast_and_names_it(learner, tiny_model
         sink.close()
 
 
+def _driver(learner: LearnerGroup, model_dir: Path):
+    """A ``Trainer`` with only what the sync, its verification and the replacement use."""
+    from selective_rollout.train import Trainer
+
+    trainer = object.__new__(Trainer)
+    trainer.cfg = SimpleNamespace(engine=None, placement=PlacementConfig(), trainer=TrainerConfig())
+    trainer.model_path = model_dir
+    trainer.learner = learner
+    trainer.probe_ids = list(range(3, 40))  # the tiny model has no tokenizer
+    return trainer
+
+
+def test_a_sync_that_leaves_an_engine_serving_other_weights_stops_the_run(learner, tiny_model_dir):
+    """The sync itself succeeds; what the engine serves afterwards does not match (here one
+    tensor overwritten behind the sync's back, as a back-end's faulty reload would leave it)."""
+    from selective_rollout.weight_sync.served import ServedWeightsMismatch
+
+    trainer = _driver(learner, tiny_model_dir)
+    trainer.engines = [_engine(tiny_model_dir) for _ in range(2)]
+    try:
+        trainer.sync_weights()
+        assert trainer.served_gap < 1e-4
+        ray.get(trainer.engines[1].load_weights.remote({"model.norm.weight": torch.full((32,), 40.0)}))
+        with pytest.raises(ServedWeightsMismatch, match=r"engine 1 [0-9.e-]+ nats mean .*tolerance 0\.1"):
+            trainer.verify_served_weights({f"engine {i}": e for i, e in enumerate(trainer.engines)})
+    finally:
+        for engine in trainer.engines:
+            ray.kill(engine)
+
+
 class CoordinatorDouble:
     """The coordinator's engine-slot surface that ``Trainer.replace_dead_engines`` uses."""
 
@@ -135,8 +167,6 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
 ):
     """``Trainer.sync_weights``, the driver's path, over the real learner and engine doubles."""
     import selective_rollout.rollout.engines as engines_module
-    from selective_rollout.config.placement import PlacementConfig
-    from selective_rollout.train import Trainer
 
     started: list = []
 
@@ -145,8 +175,7 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
         return started[-num:]
 
     monkeypatch.setattr(engines_module, "create_engines", create_engines)
-    trainer = object.__new__(Trainer)  # only what the sync and the replacement use
-    trainer.cfg = SimpleNamespace(engine=None, placement=PlacementConfig())
+    trainer = _driver(learner, tiny_model_dir)
     trainer.local_ray = True
     trainer.model_path = tiny_model_dir
     trainer.learner = learner
@@ -167,6 +196,7 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
         want = learner.weights_checksum()
         got = ray.get([e.weights_checksum.remote() for e in trainer.engines])
         assert got == pytest.approx([want] * 2, rel=1e-12)
+        assert trainer.served_gap < 1e-4  # verified by the probe after the sync, on both engines
     finally:
         for engine in [*trainer.engines, first, *started]:
             ray.kill(engine)

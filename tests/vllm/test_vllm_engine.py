@@ -7,7 +7,9 @@ a vLLM start costs minutes on CPU.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -34,6 +36,7 @@ def engine(ray_cluster, smollm2_path):
         gpu_memory_utilization=0.3,
         max_model_len=2048,
         dtype="bfloat16" if gpu else "float32",
+        rescore_choices=True,  # what trainer.old_logprobs: engine turns on (tested below)
     )
     (actor,) = create_engines(cfg, smollm2_path, 1)
     ray.get(actor.health.remote(), timeout=1200)
@@ -165,3 +168,75 @@ def test_receive_weights_over_gloo(engine, smollm2_path):
         assert call(engine.weights_checksum.remote()) != pytest.approx(checksum)
     finally:
         call(engine.load_weights.remote({name: original}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sync(engine, named: list[tuple[str, torch.Tensor]], call_off_after: int | None = None) -> None:
+    """Play the learner (rank 0 of a gloo group) against the engine: broadcast ``named`` in order,
+    or call the sync off after ``call_off_after`` tensors, as the driver does when a member dies."""
+    port = _free_port()
+    specs = [TensorSpec.of(name, t) for name, t in named]
+
+    def learner():
+        group = make_sync_group("gloo", "127.0.0.1", port, 0, 2)
+        for i, (_, tensor) in enumerate(named):
+            if i == call_off_after:
+                group.call_off(f"test: called off after {i} tensors")
+                return group  # its store must outlive the engine's look at it
+            broadcast(group, tensor.detach().clone())
+        return group
+
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(learner)
+        try:
+            call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, "gloo"))
+            call(engine.receive_weights.remote(specs))
+        finally:
+            sent.result(timeout=600)
+
+
+def test_a_called_off_sync_and_its_retry_leave_the_engine_serving_the_learners_weights(
+    engine, smollm2_path, smollm2_tokenizer
+):
+    """vLLM's own layer-wise reload, stopped after a layer's q projection arrived and before its
+    k and v did, then a full sync: the engine must score the probe like an HF model holding the
+    new weights. Left open, the stopped reload made the retry finalise that layer from the stale
+    buffer and uninitialised memory and drop the real k/v as excess."""
+    from transformers import AutoModelForCausalLM
+
+    from selective_rollout.weight_sync.served import PROBE_TEXT, logprob_gap
+
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path), dtype=torch.float32).eval()
+    original = [(name, p.detach().clone()) for name, p in model.named_parameters()]
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.0 + 0.05 * torch.randn(p.shape, generator=gen))
+    new = list(model.named_parameters())
+    ids = list(smollm2_tokenizer(PROBE_TEXT)["input_ids"])
+
+    def reference() -> list[float]:
+        with torch.no_grad():
+            lp = model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+        return lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+    want = reference()
+    stale_gap = logprob_gap(want, call(engine.score.remote(ids)))
+    assert stale_gap > 0.2, "the new weights must be told apart from the old ones by the probe"
+    cut = next(i for i, (name, _) in enumerate(new) if "layers.3.self_attn.q_proj" in name) + 1
+    try:
+        with pytest.raises(Exception, match="called off after"):
+            _sync(engine, new, call_off_after=cut)
+        _sync(engine, new)
+        assert logprob_gap(want, call(engine.score.remote(ids))) < 0.02
+    finally:
+        _sync(engine, original)
+        with torch.no_grad():
+            for (_, p), (_, o) in zip(new, original, strict=True):
+                p.copy_(o)
+    assert logprob_gap(reference(), call(engine.score.remote(ids))) < 0.02

@@ -197,6 +197,12 @@ class RolloutEngine(ABC):
         """Load full weights passed by value (Ray object store): the no-process-group fallback."""
 
     @abstractmethod
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """The served model's log-prob of every token after the first, teacher-forced (no
+        sampling, no cache): after a weight sync the driver compares it with the learner's on a
+        fixed probe (``weight_sync.served``) to prove the engine serves the weights it was sent."""
+
+    @abstractmethod
     async def weights_checksum(self) -> float:
         """Sum over parameters of their float64 sums, so tests can see a weight update land."""
 

