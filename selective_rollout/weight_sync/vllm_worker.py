@@ -7,7 +7,8 @@ fusing (qkv, gate/up) themselves, which is why the learner sends HF names. Loadi
 the worker's ``reload_weights``: on CPU, vLLM packs linear weights into oneDNN handles and frees
 the originals, so only its layer-wise reload (which re-runs the post-load processing) can replace
 them. A load that stops midway (a called-off sync) closes that reload before it leaves
-(``_sr_close_reload``), so the retry starts clean. Arguments cross vLLM's msgpack RPC, which turns
+(``_sr_close_reload``), so the retry starts clean, and tied layers, which the reload does not
+process, are processed after it (``_sr_process_tied``). Arguments cross vLLM's msgpack RPC, which turns
 tensors into lists and refuses dataclasses, so they travel as plain tuples and raw bytes
 (``pack_specs`` / ``pack_tensors``).
 """
@@ -86,6 +87,26 @@ class WeightSyncExtension:
         except BaseException:
             self._sr_close_reload()
             raise
+        finally:
+            self._sr_process_tied()
+
+    def _sr_process_tied(self) -> None:
+        """Process again every layer that shares a tensor with another (a tied LM head). vLLM's
+        reload processes the layers that received weights; a tied head receives none (the
+        checkpoint has only the embedding) and keeps what its processing made of the old values:
+        on CPU a packed copy of the weight, so it served the previous embedding as logits."""
+        from vllm.config import set_current_vllm_config
+
+        holders: dict[int, list[torch.nn.Module]] = {}
+        for module in self.model_runner.get_model().modules():
+            for param in module.parameters(recurse=False):
+                holders.setdefault(id(param), []).append(module)
+        with set_current_vllm_config(self.vllm_config):
+            for modules in holders.values():
+                for module in modules if len(modules) > 1 else ():
+                    method = getattr(module, "quant_method", None)
+                    if method is not None:
+                        method.process_weights_after_loading(module)
 
     def _sr_close_reload(self) -> None:
         """Close a layer-wise reload that stopped midway. Left open, every layer stays wrapped with
@@ -102,5 +123,14 @@ class WeightSyncExtension:
             finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
 
     def sr_checksum(self) -> float:
+        """This worker's parameters' float64 sum, a chunk at a time (a 7B model's embedding is
+        ~2 GB in float64 whole). vLLM's CPU layouts pack linear weights into handles it does not
+        expose, and with tensor parallelism every worker holds its own copy of the replicated
+        tensors (norms), so the engine's sum of these is a change detector, not a digest:
+        ``score`` is what proves the served weights."""
+        total = 0.0
         with torch.no_grad():
-            return float(sum(p.detach().double().sum() for p in self.model_runner.model.parameters()))
+            for p in self.model_runner.model.parameters():
+                for chunk in p.detach().reshape(-1).split(1 << 22):
+                    total += float(chunk.double().sum())
+        return total

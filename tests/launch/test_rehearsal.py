@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.gpu_smoke_cluster import SMALL, generated_data
 from selective_rollout.reporting.metrics_log import read_metrics
 from tests.launch.ray_nodes import REPO, RayNode, head_and_worker, submit
 
@@ -36,7 +37,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayNode,
 
 
 def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
-    """What differs from the recipe, by kind; everything else (G = 8 aside) is the recipe's."""
+    """What differs from the recipe: the device, the size (the GPU smoke's, with two engines, two
+    learners and two iterations), the model and the data."""
     device = [
         "engine.num_gpus=0",
         "placement.learner_num_gpus=0",
@@ -46,31 +48,8 @@ def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
         "engine.num_cpus=1",
         "placement.learner_resources={learner_node: 1}",  # the learners on the second node
     ]
-    size = [
-        "engine.num_engines=2",
-        "trainer.num_learners=2",
-        "engine.max_new_tokens=48",
-        "engine.max_model_len=2048",
-        "rollout.group_size=4",
-        "rollout.groups_per_iteration=2",
-        "rollout.max_groups_in_flight=4",
-        "rollout.max_steps=4",
-        "gate.k=3",
-        "agent.history_turns=4",
-        "env.num_workers=2",
-        "train.iterations=2",
-        "train.eval_every=0",
-        "eval.num_tasks=2",
-        "trainer.micro_batch_tokens=4096",
-    ]
-    data = [
-        "env.source=generated",
-        f"env.games_dir={games}",
-        "env.preset=tiny",
-        "env.n_train=6",
-        "env.n_valid=2",
-    ]
-    return [f"name={name}", f"engine.model={model}", *device, *size, *data]
+    size = [*SMALL, "engine.num_engines=2", "trainer.num_learners=2", "train.iterations=2"]
+    return [f"name={name}", f"engine.model={model}", *device, *size, *generated_data(games)]
 
 
 def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(cluster, tiny_games: Path, smollm2_path: Path) -> None:

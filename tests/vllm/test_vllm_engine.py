@@ -19,7 +19,12 @@ import torch  # noqa: E402
 
 from selective_rollout.config.engine import EngineConfig  # noqa: E402
 from selective_rollout.rollout.engines import SamplingParams, create_engines  # noqa: E402
-from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group  # noqa: E402
+from selective_rollout.weight_sync.collective import (  # noqa: E402
+    TensorSpec,
+    broadcast,
+    call_off,
+    make_sync_group,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(1800)]
 MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
@@ -196,8 +201,10 @@ def _sync(engine, named: list[tuple[str, torch.Tensor]], call_off_after: int | N
         try:
             call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, "gloo"))
             call(engine.receive_weights.remote(specs))
-        finally:
-            sent.result(timeout=600)
+        except BaseException:  # the learner's broadcast would wait out the 300 s timeout
+            call_off("127.0.0.1", port, "the engine's end failed")
+            raise
+        sent.result(timeout=600)
 
 
 def test_a_called_off_sync_and_its_retry_leave_the_engine_serving_the_learners_weights(
