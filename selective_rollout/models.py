@@ -158,10 +158,13 @@ def is_hub_id(name: str) -> bool:
     )
 
 
-def model_for_actors(name: str, resolved: Path) -> str:
-    """What the driver hands its actors: a hub id itself, which each actor resolves in its own
-    node's cache (``model_here``); else the folder the driver resolved, which every node must see."""
-    return name if is_hub_id(name) else str(resolved)
+def model_for_actors(name: str, resolved: Path, cache_dir: str | Path | None = None) -> str:
+    """What the driver hands its actors: a hub id, or an alias converted into the default cache,
+    as itself, which each actor resolves in its own node's cache (``model_here``); else the folder
+    the driver resolved (a local model, an alias in a chosen ``cache_dir``), which every node must
+    see."""
+    per_node = is_hub_id(name) or (name.lower() in ALIASES and cache_dir is None)
+    return name if per_node else str(resolved)
 
 
 def model_here(model: str) -> Path:

@@ -155,7 +155,9 @@ class Trainer:
             model_path = warm_start_model(cfg, model_path)
         self.model_path = model_path  # on this node; the actors get model_for_actors's handle
         self.actor_model = (
-            str(model_path) if cfg.warm_start.enabled else model_for_actors(cfg.engine.model, model_path)
+            str(model_path)
+            if cfg.warm_start.enabled
+            else model_for_actors(cfg.engine.model, model_path, cfg.engine.model_cache_dir)
         )
         log.info(
             "policy: %s; %d train tasks, %d held-out tasks",

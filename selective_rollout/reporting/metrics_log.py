@@ -51,6 +51,10 @@ class WandbSink:
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
+        try:  # wandb's settings read the working directory
+            os.getcwd()
+        except FileNotFoundError:  # a Ray job's working copy, unpacked again by a node sharing /tmp
+            os.chdir(run_dir)
         self._run = wandb.init(
             project=project,
             name=name,

@@ -147,3 +147,27 @@ def test_dashboards_listen_on_loopback_where_the_launcher_allows() -> None:
     assert '--dashboard-host="$DASHBOARD_HOST"' in sbatch
     kuberay = (LAUNCH / "kuberay_rayjob.yaml").read_text()
     assert 'dashboard-host: "0.0.0.0"' in kuberay and "NetworkPolicy" in kuberay
+
+
+@pytest.mark.parametrize(("driver", "refused"), [("570.86.15", True), ("580.65.06", False), (None, False)])
+def test_ray_up_nodes_refuse_an_nvidia_driver_older_than_cuda_13_needs(
+    tmp_path: Path, driver, refused
+) -> None:
+    """torch 2.13.0's CUDA 13 needs driver R580+; a GPU node with an older one stops at its set-up
+    with one line (a CPU node, without nvidia-smi, passes)."""
+    (check,) = [
+        c
+        for c in yaml.safe_load((REPO / "launch" / "ray_cluster.yaml").read_text())["initialization_commands"]
+        if "nvidia-smi" in c
+    ]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if driver is not None:
+        fake = bin_dir / "nvidia-smi"
+        fake.write_text(f"#!/bin/sh\necho {driver}\n")
+        fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", check], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True, text=True
+    )
+    assert (done.returncode != 0) == refused, done.stdout + done.stderr
+    assert ("older than R580" in done.stdout) == refused

@@ -222,3 +222,11 @@ def test_checker_reads_options_and_continuations(tmp_path: Path) -> None:
     ]
     assert installs.project_extras == [set()]
     assert pin_errors(good) == []
+
+
+def test_the_gpu_image_imports_what_it_installed() -> None:
+    """An install that resolves can still fail at import (a CUDA build of a package next to a CPU
+    torch, a missing system library): the image's build stops there, not on the cluster."""
+    runs = [i["value"] for i in parse(REPO / "docker" / "Dockerfile").structure if i["instruction"] == "RUN"]
+    installs = [i for i, run in enumerate(runs) if ".[gpu]" in run]
+    assert installs and any("import vllm" in run for run in runs[installs[0] :])

@@ -38,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayNode,
 
 def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
     """What differs from the recipe: the device, the size (the GPU smoke's, with two engines, two
-    learners and two iterations), the model and the data."""
+    learners, two iterations and the recipe's G), the model and the data."""
     device = [
         "engine.num_gpus=0",
         "placement.learner_num_gpus=0",
@@ -48,8 +48,20 @@ def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
         "engine.num_cpus=1",
         "placement.learner_resources={learner_node: 1}",  # the learners on the second node
     ]
-    size = [*SMALL, "engine.num_engines=2", "trainer.num_learners=2", "train.iterations=2"]
-    return [f"name={name}", f"engine.model={model}", *device, *size, *generated_data(games)]
+    size = [
+        *SMALL,
+        # the recipe's G, and episodes long enough that a random choice among admissible commands
+        # wins some (tiny games: 20-50% in 15 steps), so each iteration holds a mixed group to learn from
+        "rollout.group_size=8",
+        "rollout.max_steps=15",
+        "engine.num_engines=2",
+        "trainer.num_learners=2",
+        "train.iterations=2",
+    ]
+    # The 135M model, untrained, cannot write a ReAct thought and an ALFWorld command (the 7B can):
+    # it chooses among the admissible commands.
+    model_fit = [f"engine.model={model}", "agent.action_format=action", "agent.constrain_to_admissible=true"]
+    return [f"name={name}", *model_fit, *device, *size, *generated_data(games)]
 
 
 def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(cluster, tiny_games: Path, smollm2_path: Path) -> None:
@@ -64,7 +76,7 @@ def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(cluster, tiny_games: Path, 
         timeout_s=2100,
     )
     log = done.stdout + done.stderr
-    assert done.returncode == 0, head.log_tail() + log[-6000:]
+    assert done.returncode == 0, head.log_tail() + done.stderr[-1500:] + done.stdout[-6000:]
     (run_dir,) = (REPO / "runs").glob(f"{name}-*")  # the checkout's runs/, not the job's copy
     try:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -77,12 +89,12 @@ def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(cluster, tiny_games: Path, 
         assert {loc["node_id"] for loc in placement["learners"]} == {ids["worker"]}
 
         assert "weight sync at start-up" in log and "weights served as sent" in log
-        metrics = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["iteration"] >= 0]
+        metrics = [m for m in read_metrics(run_dir / "metrics.jsonl") if 0 <= m["iteration"] < 2]
         assert sorted({m["iteration"] for m in metrics}) == [0, 1]
         updated = [m for m in metrics if "train/loss" in m]
-        assert updated, "no iteration trained: nothing was synced after an update"
+        assert any(m["train/grad_norm"] > 0 for m in updated), "no update moved the weights"
         for m in updated:  # every update was synced and the served weights verified
-            assert m["system/weight_sync_s"] > 0 and 0 <= m["system/served_logprob_gap"] <= 0.1
+            assert m["system/weight_sync_s"] > 0 and 0 <= m["system/served_logprob_gap"] <= 0.2
         rollouts = [m for m in metrics if "system/prefix_cache_hit_rate" in m]
         assert rollouts and all(m["system/prefix_cache_hit_rate"] > 0.3 for m in rollouts)
         report = json.loads((run_dir / "report.json").read_text())

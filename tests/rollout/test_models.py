@@ -110,11 +110,12 @@ def test_conversion_keeps_the_ggufs_logits(smollm2_path: Path):
         assert torch.allclose(ref(ids).logits, ours(ids).logits, atol=1e-5)
 
 
-def test_actors_get_a_hub_id_to_resolve_on_their_node_and_a_folder_otherwise(smollm2_path: Path):
+def test_actors_get_an_alias_or_hub_id_to_resolve_on_their_node_and_a_folder_otherwise(smollm2_path: Path):
     from selective_rollout.models import model_for_actors
 
     assert model_for_actors("Qwen/Qwen2.5-7B-Instruct", Path("/driver/cache/x")) == "Qwen/Qwen2.5-7B-Instruct"
-    assert model_for_actors("smollm2-135m-instruct", smollm2_path) == str(smollm2_path)
+    assert model_for_actors("smollm2-135m-instruct", smollm2_path) == "smollm2-135m-instruct"
+    assert model_for_actors("smollm2-135m-instruct", smollm2_path, "/shared/models") == str(smollm2_path)
     assert model_for_actors(str(smollm2_path), smollm2_path) == str(smollm2_path)
 
 

@@ -139,7 +139,7 @@ def test_a_sync_that_leaves_an_engine_serving_other_weights_stops_the_run(learne
         trainer.sync_weights()
         assert trainer.served_gap < 1e-4
         ray.get(trainer.engines[1].load_weights.remote({"model.norm.weight": torch.full((32,), 40.0)}))
-        with pytest.raises(ServedWeightsMismatch, match=r"engine 1 [0-9.e-]+ nats mean .*tolerance 0\.1"):
+        with pytest.raises(ServedWeightsMismatch, match=r"engine 1 [0-9.e-]+ nats mean .*tolerance 0\.2"):
             trainer.verify_served_weights({f"engine {i}": e for i, e in enumerate(trainer.engines)})
     finally:
         for engine in trainer.engines:
