@@ -46,6 +46,15 @@ def test_generate_n_outputs_with_logprobs_of_a_teacher_forced_pass(hf_engine):
         )
 
 
+def test_score_is_the_teacher_forced_log_prob_of_every_token_after_the_first(hf_engine, smollm2_tokenizer):
+    ids = prompt_ids(smollm2_tokenizer, "Put a clean apple in the fridge.")
+    scored = run(hf_engine.score(ids))
+    assert len(scored) == len(ids) - 1
+    torch.testing.assert_close(
+        torch.tensor(scored), teacher_forced(hf_engine, ids[:1], ids[1:]), atol=2e-4, rtol=0
+    )
+
+
 def test_concurrent_requests_of_different_lengths_batch_correctly(hf_engine, smollm2_tokenizer):
     """Left-padded batching must not change any request's log-probs."""
     texts = ["Hi.", "Describe a cabinet in a long and detailed sentence, please.", "What is 2+2?"]
