@@ -95,18 +95,20 @@ class WeightSyncExtension:
         reload processes the layers that received weights; a tied head receives none (the
         checkpoint has only the embedding) and keeps what its processing made of the old values:
         on CPU a packed copy of the weight, so it served the previous embedding as logits."""
-        from vllm.config import set_current_vllm_config
-
         holders: dict[int, list[torch.nn.Module]] = {}
         for module in self.model_runner.get_model().modules():
             for param in module.parameters(recurse=False):
                 holders.setdefault(id(param), []).append(module)
+        tied = [m for modules in holders.values() if len(modules) > 1 for m in modules]
+        if not tied:
+            return
+        from vllm.config import set_current_vllm_config
+
         with set_current_vllm_config(self.vllm_config):
-            for modules in holders.values():
-                for module in modules if len(modules) > 1 else ():
-                    method = getattr(module, "quant_method", None)
-                    if method is not None:
-                        method.process_weights_after_loading(module)
+            for module in tied:
+                method = getattr(module, "quant_method", None)
+                if method is not None:
+                    method.process_weights_after_loading(module)
 
     def _sr_close_reload(self) -> None:
         """Close a layer-wise reload that stopped midway. Left open, every layer stays wrapped with

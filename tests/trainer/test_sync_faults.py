@@ -123,6 +123,7 @@ def _driver(learner: LearnerGroup, model_dir: Path):
     trainer = object.__new__(Trainer)
     trainer.cfg = SimpleNamespace(engine=None, placement=PlacementConfig(), trainer=TrainerConfig())
     trainer.model_path = model_dir
+    trainer.actor_model = str(model_dir)
     trainer.learner = learner
     trainer.probe_ids = list(range(3, 40))  # the tiny model has no tokenizer
     return trainer
@@ -177,8 +178,6 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
     monkeypatch.setattr(engines_module, "create_engines", create_engines)
     trainer = _driver(learner, tiny_model_dir)
     trainer.local_ray = True
-    trainer.model_path = tiny_model_dir
-    trainer.learner = learner
     trainer.engines = [_engine(tiny_model_dir) for _ in range(2)]
     trainer.coordinator = ray.remote(CoordinatorDouble).remote()
     trainer.engine_restarts = 0

@@ -1,7 +1,9 @@
-"""The vLLM worker receives broadcast weights one tensor at a time, as its loader asks (issue 14).
+"""The vLLM worker receives broadcast weights one tensor at a time, as its loader asks.
 
-The worker extension needs no vLLM to test: a stand-in model runner records what the loader saw
-and how many received tensors were alive at once, over a real gloo group on loopback.
+The worker extension needs no vLLM to test: a stand-in worker (vLLM's ``reload_weights`` and
+``model_runner.get_model()``) records what the loader saw, how many received tensors were alive
+at once, and whether a stopped reload was closed, over a real gloo group on loopback. vLLM's own
+reload is tested in tests/vllm.
 """
 
 from __future__ import annotations
@@ -45,7 +47,17 @@ class _Worker(WeightSyncExtension):
                 if stop_after is not None and len(self.loaded) >= stop_after:
                     return  # a loader that stops early (e.g. it only wanted some names)
 
-        self.model_runner = SimpleNamespace(model=SimpleNamespace(load_weights=load_weights))
+        self._load = load_weights
+        self.closed_reloads = 0
+        model = torch.nn.Linear(2, 2)  # no tied layers: nothing to process again after a load
+        self.model_runner = SimpleNamespace(get_model=lambda: model)
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format: bool) -> None:
+        assert is_checkpoint_format  # HF names: vLLM's loaders fuse qkv and gate/up themselves
+        self._load(weights_iterator)
+
+    def _sr_close_reload(self) -> None:
+        self.closed_reloads += 1
 
 
 def _sync(worker: _Worker) -> None:
@@ -106,5 +118,6 @@ def test_a_sync_called_off_midway_frees_the_worker_at_once():
         worker.sr_receive_weights(pack_specs(specs))
     assert time.monotonic() - start < 30
     assert list(worker.loaded) == ["layer0.weight", "layer1.weight"]  # partly loaded until the next sync
+    assert worker.closed_reloads == 1  # the stopped reload is closed before the error leaves
     assert worker._sr_group is None  # the group is abandoned: the next sync rebuilds it
     sender.join(timeout=30)
