@@ -125,14 +125,20 @@ class WeightSyncExtension:
             finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
 
     def sr_checksum(self) -> float:
-        """This worker's parameters' float64 sum, a chunk at a time (a 7B model's embedding is
-        ~2 GB in float64 whole). vLLM's CPU layouts pack linear weights into handles it does not
-        expose, and with tensor parallelism every worker holds its own copy of the replicated
-        tensors (norms), so the engine's sum of these is a change detector, not a digest:
-        ``score`` is what proves the served weights."""
+        """This worker's share of the model's float64 sum, a chunk at a time (a 7B model's
+        embedding is ~2 GB in float64 whole). With tensor parallelism every worker holds its own
+        copy of the replicated tensors (norms: vLLM marks only sharded ones with an input or
+        output dim), which only rank 0 counts, so the engine's sum over workers counts each once.
+        vLLM's CPU layouts pack linear weights into handles it does not expose, so this is a
+        change detector, not a digest: ``score`` is what proves the served weights."""
+        first = int(getattr(self, "rank", 0)) == 0
         total = 0.0
         with torch.no_grad():
             for p in self.model_runner.model.parameters():
-                for chunk in p.detach().reshape(-1).split(1 << 22):
-                    total += float(chunk.double().sum())
+                sharded = (
+                    getattr(p, "output_dim", None) is not None or getattr(p, "input_dim", None) is not None
+                )
+                if sharded or first:
+                    for chunk in p.detach().reshape(-1).split(1 << 22):
+                        total += float(chunk.double().sum())
         return total

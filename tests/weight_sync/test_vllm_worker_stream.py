@@ -121,3 +121,22 @@ def test_a_sync_called_off_midway_frees_the_worker_at_once():
     assert worker.closed_reloads == 1  # the stopped reload is closed before the error leaves
     assert worker._sr_group is None  # the group is abandoned: the next sync rebuilds it
     sender.join(timeout=30)
+
+
+def test_the_checksum_counts_replicated_tensors_once_across_tensor_parallel_workers():
+    """Two workers of one TP=2 engine: each holds half of a sharded weight (vLLM marks it with an
+    output dim) and a whole copy of a replicated norm; the engine adds their sums."""
+    sharded = [torch.nn.Parameter(torch.full((4, 8), float(r + 1))) for r in range(2)]
+    for p in sharded:
+        p.output_dim = 0
+    norm = torch.full((8,), 0.5)
+    workers = []
+    for rank in range(2):
+        worker = object.__new__(_Worker)
+        worker.rank = rank
+        model = torch.nn.Module()
+        model.shard = sharded[rank]
+        model.norm = torch.nn.Parameter(norm.clone())
+        worker.model_runner = SimpleNamespace(model=model)
+        workers.append(worker)
+    assert sum(w.sr_checksum() for w in workers) == pytest.approx(4 * 8 * (1 + 2) + 8 * 0.5)
