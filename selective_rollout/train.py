@@ -279,8 +279,8 @@ class Trainer:
         if not joined:
             raise ValueError(message + " (the placement, engine, trainer and env sections ask for them)")
         log.warning(
-            "%s; waiting in case an autoscaler adds nodes (engines, the coordinator and env workers "
-            "still pending after placement.pending_timeout_s=%g s stop the run)",
+            "%s; waiting in case an autoscaler adds nodes (actors still pending after "
+            "placement.pending_timeout_s=%g s stop the run)",
             message,
             self.cfg.placement.pending_timeout_s,
         )
