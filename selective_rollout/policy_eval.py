@@ -1,4 +1,5 @@
-"""Held-out evaluation: success rate overall and per task type, with a bootstrap 95% CI.
+"""Held-out evaluation: success rate overall and per task type with a bootstrap 95% CI, and the
+paired change between two evaluations with an exact test.
 
 The driver calls :func:`success_summary` on the groups the coordinator's evaluator returns
 (no gate, no filter, greedy or sampled, one or k tries per task). As a CLI it evaluates any
@@ -15,7 +16,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.records import GroupRecord
-from selective_rollout.stats import bootstrap_ci
+from selective_rollout.stats import bootstrap_ci, newcombe_paired_ci, sign_flip_p
 
 
 def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
@@ -66,19 +67,50 @@ def success_summary(groups: Sequence[GroupRecord], resamples: int = 1000, seed: 
 def success_gain(
     before: dict[str, Any], after: dict[str, Any], resamples: int = 1000, seed: int = 0
 ) -> dict[str, Any] | None:
-    """After minus before on the same held-out tasks, paired per task, with a bootstrap 95% CI
-    over tasks: whether training moved held-out success, not just whether two numbers differ."""
+    """After minus before on the same held-out tasks, paired per task: whether training moved
+    held-out success, not just whether two numbers differ.
+
+    The test is exact at any size (a sign-flip test over tasks; on one try per task, McNemar's
+    exact test on the tasks that flipped). The interval is Newcombe's paired score interval when
+    every task's outcome is 0/1 (one try, or tries that agree), which stays honest at a handful of
+    tasks; with fractional per-task rates, a bootstrap over tasks."""
     changes = per_task_changes(before, after)
     if not changes:
         return None
     diffs = list(changes.values())
-    lo, hi = bootstrap_ci(diffs, resamples, seed)
+    b, a = before["per_task"], after["per_task"]
+    if all(b[t] in (0.0, 1.0) and a[t] in (0.0, 1.0) for t in changes):
+        counts = Counter((b[t], a[t]) for t in changes)
+        lo, hi = newcombe_paired_ci(counts[1.0, 1.0], counts[1.0, 0.0], counts[0.0, 1.0], counts[0.0, 0.0])
+        interval = "paired score (Newcombe)"
+    else:
+        lo, hi = bootstrap_ci(diffs, resamples, seed)
+        interval = "bootstrap over tasks"
     return {
         "mean": float(np.mean(diffs)),
         "ci95": [lo, hi],
+        "interval": interval,
+        "p_value": sign_flip_p(diffs, seed=seed),
         "tasks": len(diffs),
+        "improved": sum(d > 0 for d in diffs),
+        "worsened": sum(d < 0 for d in diffs),
         "try_correlation": try_correlation(before, after),
     }
+
+
+def describe_gain(gain: dict[str, Any], level: float = 0.05) -> str:
+    """The paired change in words: what moved, how sure, and plainly when it cannot tell."""
+    lo, hi = gain["ci95"]
+    unchanged = gain["tasks"] - gain["improved"] - gain["worsened"]
+    evidence = (
+        f"{gain['improved']} task(s) improved, {gain['worsened']} worsened, {unchanged} unchanged; "
+        f"exact paired test p = {gain['p_value']:.2f}; 95% CI {lo:+.1%}..{hi:+.1%}, {gain['interval']}"
+    )
+    if gain["p_value"] >= level:
+        verdict = "indistinguishable from no change"
+    else:
+        verdict = "a gain" if gain["mean"] > 0 else "a loss"
+    return f"{gain['mean']:+.1%}: {verdict} ({evidence})"
 
 
 def paired_tries(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[list[int], list[int]]]:

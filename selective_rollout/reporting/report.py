@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
-from selective_rollout.policy_eval import success_gain
+from selective_rollout.policy_eval import describe_gain, success_gain
 from selective_rollout.records import GroupRecord, Outcome, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
 from selective_rollout.stats import clopper_pearson
@@ -240,11 +240,11 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
     before, after = evals.get("before"), evals.get("after")
     gain = success_gain(before, after) if before and after else None
     change = (
-        f"{gain['mean']:+.1%} (95% CI {gain['ci95'][0]:+.1%}..{gain['ci95'][1]:+.1%}, {gain['tasks']} tasks"
+        describe_gain(gain)
         + (
-            f"; a try's before and after outcomes correlate {gain['try_correlation']:+.2f} within tasks)"
+            f"; a try's before and after outcomes correlate {gain['try_correlation']:+.2f} within tasks"
             if gain.get("try_correlation") is not None
-            else ")"
+            else ""
         )
         if gain
         else "not measured: no evaluation before and after on the same tasks"

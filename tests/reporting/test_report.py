@@ -70,8 +70,43 @@ def test_held_out_gain_is_paired_per_task():
     after = {"per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "new": 0.0}}
     gain = success_gain(before, after, resamples=500)
     assert gain["tasks"] == 3 and gain["mean"] == pytest.approx(2 / 3)
-    assert 0.0 <= gain["ci95"][0] <= 2 / 3 <= gain["ci95"][1] <= 1.0
+    assert (gain["improved"], gain["worsened"]) == (2, 0)
+    # two flips of three tasks: as likely as not under "no change" (exact sign test)
+    assert gain["p_value"] == pytest.approx(0.5)
+    assert -1.0 <= gain["ci95"][0] < 0.0 < 2 / 3 < gain["ci95"][1] <= 1.0
     assert success_gain({"per_task": {}}, after) is None
+
+
+def test_one_task_of_eight_flipping_reads_as_no_change_with_an_interval_that_admits_a_gain():
+    from selective_rollout.policy_eval import describe_gain, success_gain
+
+    tasks = [f"t{i}" for i in range(8)]
+    before = {"per_task": dict(zip(tasks, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], strict=True))}
+    after = {"per_task": {**before["per_task"], "t0": 0.0}}
+    gain = success_gain(before, after)
+    assert gain["mean"] == pytest.approx(-0.125) and gain["p_value"] == pytest.approx(1.0)
+    lo, hi = gain["ci95"]
+    assert lo < -0.125 and hi > 0.0  # the bootstrap over tasks read [-37.5%, +0.0%]
+    words = describe_gain(gain)
+    assert "indistinguishable from no change" in words and "1 worsened" in words
+
+    # every task improving is a gain the test can see: p = 2 / 2**8
+    after = {"per_task": {t: 1.0 for t in tasks}}
+    before = {"per_task": {t: 0.0 for t in tasks}}
+    gain = success_gain(before, after)
+    assert gain["p_value"] == pytest.approx(2 / 256) and gain["ci95"][0] > 0.0
+    assert describe_gain(gain).startswith("+100.0%: a gain")
+
+
+def test_fractional_task_rates_use_the_bootstrap_interval_and_the_sign_flip_test():
+    from selective_rollout.policy_eval import success_gain
+
+    before = {"per_task": {"a": 0.0, "b": 0.25, "c": 0.5, "d": 0.5}}
+    after = {"per_task": {"a": 0.5, "b": 0.75, "c": 1.0, "d": 0.75}}
+    gain = success_gain(before, after, resamples=500)
+    assert gain["interval"] == "bootstrap over tasks"
+    assert gain["p_value"] == pytest.approx(2 / 16)  # four same-sign changes, exact enumeration
+    assert 0.25 <= gain["ci95"][0] <= gain["mean"] <= gain["ci95"][1] <= 0.5
 
 
 def test_held_out_tries_pair_by_index_and_their_correlation_is_measured():
