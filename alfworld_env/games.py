@@ -1,4 +1,4 @@
-"""Finding playable games on disk: our generated tree or ALFWorld's official ``json_2.1.1``."""
+"""Finding playable games on disk: the generated tree or ALFWorld's official ``json_2.1.1``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _split_root(root: str | Path, split: str, source: str) -> Path:
         path = Path(root) / split
         fix = f"generate it with `python -m alfworld_env.generate --out {root} --split {split} --n N`"
     elif source == "official":
-        # ``root`` only: importing alfworld sets ALFWORLD_DATA to ~/.cache/alfworld behind our back,
+        # ``root`` only: importing alfworld sets ALFWORLD_DATA to ~/.cache/alfworld behind the caller's back,
         # so the variable is read where the caller chooses (the GPU configs: env.games_dir defaults to it)
         path = Path(root) / "json_2.1.1" / split
         fix = "download ALFWorld's data (`alfworld-download`); point env.games_dir (or ALFWORLD_DATA) at it"

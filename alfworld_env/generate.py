@@ -2,7 +2,7 @@
 
 Game ``i`` of a split depends only on (seed, split, i), so a tree can be extended or regenerated
 piecewise and stays identical. Task types are dealt round-robin, so any 6 consecutive games
-cover all six. A game is written only after our solver has won it on the real engine.
+cover all six. A game is written only after the scripted solver has won it on the real engine.
 """
 
 from __future__ import annotations

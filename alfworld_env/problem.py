@@ -32,7 +32,8 @@ def domain_and_grammar() -> tuple[str, str]:
 
 
 def task_text(scn: Scenario, rng: random.Random) -> str:
-    """ALFWorld's templated description, drawn from our rng (its own helper uses global random)."""
+    """ALFWorld's templated description, drawn from the generator's rng (ALFWorld's own helper
+    uses the global random)."""
     template = rng.choice(glib.gdict[scn.task_type]["templates"])
     return template.format(
         obj=scn.object_target.lower(),

@@ -3,7 +3,7 @@
 A decision at step K over G trajectories is what the coordinator pays per group per check. We
 print it for G in {8, 16} and K in {10, 30} and as a share of one rollout step. The reference
 step is deliberately the cheapest part of a step, the ALFWorld environment step alone (0.12 s
-measured on these machines, issue 3), so the percentage is an upper bound: a real step adds an
+measured on a 2-core CPU), so the percentage is an upper bound: a real step adds an
 LLM generation on top. Override it with --step-s.
 
 Run: python bench/gate_overhead.py [--step-s 0.12] [--repeats 200]

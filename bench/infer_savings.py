@@ -1,6 +1,6 @@
 """Inference-time gate: tokens saved and answer agreement vs running all G, side by side.
 
-Starts our OpenAI-compatible server (SmolLM2 on CPU) on loopback unless --base-url is given
+Starts the package's OpenAI-compatible server (SmolLM2 on CPU) on loopback unless --base-url is given
 (e.g. a ``vllm serve`` endpoint), generates tiny ALFWorld games, and runs every game twice with
 the same seeds: all G samples, and gated (cut G-1 once the gate fires, one survivor finishes).
 

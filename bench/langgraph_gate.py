@@ -1,6 +1,6 @@
 """The LangGraph node, gate on vs off, side by side: tokens saved and answer agreement with CIs.
 
-Starts our OpenAI-compatible server (SmolLM2 on CPU) on loopback unless --base-url is given (e.g.
+Starts the package's OpenAI-compatible server (SmolLM2 on CPU) on loopback unless --base-url is given (e.g.
 a ``vllm serve`` endpoint), generates ALFWorld games, and runs every game through two compiled
 one-node graphs (``integrations.langgraph.gated_graph``) with the same sampling seeds: G samples
 with the gate ``none`` (all run to the end), and G samples gated (cut all but one once the gate

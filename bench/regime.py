@@ -1,4 +1,4 @@
-"""Is the CPU profile in the method's regime, and what does a step cost? (DESIGN.md 4, issue 13)
+"""Is the CPU profile in the method's regime, and what does a step cost?
 
 Runs ``--tasks`` ungated groups of the configured profile (strategy none, no refill, no audit:
 what the ungated arm of an experiment sees), then prints the regime figures the targets name

@@ -1,4 +1,4 @@
-"""The paper's Tier-1 rollout experiment on the CPU profile, plus our system's own comparisons.
+"""The paper's Tier-1 rollout experiment on the CPU profile, plus this system's own comparisons.
 
 All arms run in one process over one Ray cluster, one engine (same weights) and the same task
 stream, back to back, and the script prints ratios:

@@ -1,8 +1,9 @@
 """selective-rollout: gated multi-turn GRPO rollouts for LLM agents.
 
-The package is layered (DESIGN.md 2.1.1); imports only point down:
-records/gate/config (floor 1) < rollout (2) < trainer, evaluate, report (3) < train (4)
-< experiment (5).
+The package is layered and imports only point down (docs/design.md, checked by
+tests/test_layers.py): the base layer (records, gate, config, envs, weight sync, metric logging)
+< rollout < the learner side, evaluation and the report < the driver (train) < the experiment
+runner.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""A/B experiments: arms x seeds on identical task streams, with paired bootstrap CIs (floor 5).
+"""A/B experiments: arms x seeds on identical task streams, with paired bootstrap CIs (the top layer).
 
     python -m selective_rollout.experiment --config configs/ab_cpu.yaml [--out DIR]
 

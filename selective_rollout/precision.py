@@ -24,7 +24,7 @@ def native_bf16(device_type: str) -> bool:
     if device_type != "cpu":
         return False
     if platform.machine().lower() in ("aarch64", "arm64"):
-        try:  # a build without oneDNN (macOS wheels, say) lacks the op: no native bf16 we can use
+        try:  # a build without oneDNN (macOS wheels, say) lacks the op: no native bf16 to use
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         except (AttributeError, RuntimeError):
             return False

@@ -1,6 +1,6 @@
 """Record types every layer reads: steps, trajectories, groups, learner experience.
 
-They live at the bottom of the stack (DESIGN.md 2.1.1) because the gate evaluation, the
+They live at the bottom of the stack because the gate evaluation, the
 coordinator, the learner's packing and the run report all consume them. They are plain
 dataclasses with a stable JSON form so that ``rollouts.jsonl`` written by one version of the
 coordinator stays readable by the offline gate evaluation (schema in docs/rollouts_schema.md).

@@ -2,7 +2,7 @@
 
 Unprompted SmolLM2-135M wins nothing on ALFWorld, and GRPO learns nothing from groups that
 all fail; standard practice for agent RL is a short supervised warm start. Each train game's
-walkthrough (the environment's: ALFWorld's from our scripted solver, TextWorld Cooking's from
+walkthrough (the environment's: ALFWorld's from the scripted solver, TextWorld Cooking's from
 its generator) is replayed in the environment's real engine to get the observations and
 admissible commands the policy will see, and rendered with the *same* prompt
 format and token-level dialogue building as RL rollouts (``Agent`` / ``Conversation``), so the

@@ -1,4 +1,4 @@
-"""Small statistics shared across floors (floor 1): the exact binomial interval of a precision,
+"""Small statistics shared across layers (the base layer): the exact binomial interval of a precision,
 bootstrap intervals, and the GRPO advantage formula (one definition for the trainer and the
 offline gate evaluation)."""
 

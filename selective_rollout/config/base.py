@@ -32,7 +32,7 @@ class EntrySection(Section):
     section is shared: the entry reads the section's value (``params_for``) and does not own it.
 
     A subclass sets ``selector`` and ``kind`` (the word in error messages) and returns its
-    registry from ``entries``; the registries may live above config (DESIGN.md 2.1.1), so
+    registry from ``entries``; the registries may live above config, so
     ``entries`` reads them when a config is validated, never at import.
     """
 

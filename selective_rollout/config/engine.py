@@ -20,7 +20,7 @@ MAX_TEMPERATURE = 100.0
 
 
 def _engines() -> ModuleType:
-    """The back-end registry. It lives with the engines in rollout/ (floor 2, above config), so
+    """The back-end registry. It lives with the engines in rollout/ (above config), so
     config reads it when a config is validated, never when it is imported. A back-end's module is
     imported only when its parameters are needed (it is selected, or a key of it is misplaced);
     none imports its generation library (vLLM) at module level, so this works on CPU machines."""

@@ -22,8 +22,8 @@ class LoggingConfig(Section):
         None,
         ge=1,
         description="the step at which the report's regime row measures D_K, the spread of the "
-        "groups' action prefixes where a divergence gate would read them (DESIGN.md 4: K = 10 of 30 "
-        "steps); default: the gate's k; at most rollout.max_steps. Set it when the run's gate reads "
+        "groups' action prefixes where a divergence gate would read them (the paper: K = 10 of "
+        "30 steps); default: the gate's k; at most rollout.max_steps. Set it when the run's gate reads "
         "something else at another step (the CPU profile's stalled gate at 11 of 15 steps: its "
         "regime is read at 4)",
     )

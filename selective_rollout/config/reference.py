@@ -88,7 +88,7 @@ def _selected_entry_rows(section: type[EntrySection], prefix: str) -> list[str]:
 
 def _loss_rows(prefix: str) -> list[str]:
     """Each registered policy loss, aggregation and KL estimator with its parameters (flat keys of
-    the trainer section). The registries live in the trainer (floor 3); this generator of the docs
+    the trainer section). The registries live in the trainer (above config); this generator of the docs
     reads them when it runs, as config validation does."""
     from selective_rollout.trainer.losses import REGISTRIES
 

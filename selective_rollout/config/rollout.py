@@ -15,7 +15,7 @@ from selective_rollout.config.base import EntrySection
 
 
 def _strategies() -> ModuleType:
-    """The strategy registry. It lives with the strategies in rollout/ (floor 2, above config),
+    """The strategy registry. It lives with the strategies in rollout/ (above config),
     next to the classes the coordinator runs, so config reads it when a config is validated,
     never when it is imported; the module imports only pydantic."""
     from selective_rollout.rollout import strategies

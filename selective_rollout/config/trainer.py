@@ -9,7 +9,7 @@ from selective_rollout.config.base import Section
 
 
 def _losses() -> ModuleType:
-    """The trainer's loss registries. Config sits below the trainer (DESIGN.md 2.1.1), so it reads
+    """The trainer's loss registries. Config sits below the trainer, so it reads
     them when a config is validated, never when it is imported; the package needs only torch."""
     from selective_rollout.trainer import losses
 

@@ -1,4 +1,4 @@
-"""Environments behind one seam (DESIGN.md 2.1): the interface, the registry and its entries.
+"""Environments behind one seam: the interface, the registry and its entries.
 
 ``env.name`` selects an entry; ``build_env(cfg.env)`` gives the run's ``Environment``. A new
 environment is one module with ``@register_env("name")``, imported here (docs/environment.md).

@@ -32,7 +32,8 @@ _TASK_MARK = "Your task is to:"
 class AlfworldParams(EnvParams):
     source: Literal["generated", "official"] = Field(
         "generated",
-        description="generated: our offline ALFWorld-domain games; official: $ALFWORLD_DATA/json_2.1.1",
+        description="generated: offline ALFWorld-domain games (alfworld_env); "
+        "official: $ALFWORLD_DATA/json_2.1.1",
     )
     preset: str = Field(
         "tiny",

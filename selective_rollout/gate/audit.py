@@ -16,7 +16,7 @@ part after the gate step; before any group has finished, no second audit is star
 group ends, however it ends, and a new audit is started only if its own expected cost fits
 too.
 
-It lives in the gate library (floor 1) because it needs nothing but records: the coordinator
+It lives in the gate library (base layer) because it needs nothing but records: the coordinator
 runs it online, and the held-out evaluation (gate/heldout.py) replays logs under the same rule.
 """
 

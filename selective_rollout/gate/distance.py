@@ -1,4 +1,4 @@
-"""Prefix edit distance between action sequences (DESIGN.md 1.1), C library and reference.
+"""Prefix edit distance between action sequences (the paper's D_K), C library and reference.
 
 Whole actions are the tokens of the distance. Actions are interned to small integers before
 they reach the C library (``editdistance``), which compares hashable items: integers cannot
@@ -36,7 +36,7 @@ def levenshtein_c(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 
 def normalised(dist: int, len_a: int, len_b: int) -> float:
-    """Levenshtein / max(len); 0 when both are empty (DESIGN.md 1.1)."""
+    """Levenshtein / max(len); 0 when both are empty."""
     longest = max(len_a, len_b)
     return dist / longest if longest else 0.0
 

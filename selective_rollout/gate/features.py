@@ -1,4 +1,4 @@
-"""Divergence features of a group at step K (DESIGN.md 1.1).
+"""Divergence features of a group at step K (the paper's D_K and its companions).
 
 The paper measured several; prefix edit distance is the gate's, the rest serve analysis and
 richer gates. All are in [0, 1], 0 meaning "the G trajectories look alike".

@@ -5,14 +5,14 @@ The loop the inference-time gate (``integrations.infer``) and the LangGraph node
 episode (never one message list for all G); after every environment step its whole action goes to
 a ``LiveGroup``, so the gate compares actions, not strings of text; when the gate fires, the
 samples it cuts have their in-flight request cancelled (the HTTP connection closes, which aborts
-the generation in our server and in ``vllm serve``) and ``survivors`` of them run to the end.
+the generation in this package's server and in ``vllm serve``) and ``survivors`` of them run to the end.
 
 An environment is anything an ``EpisodeSource`` can open: an episode with async ``step`` and
 ``close`` whose observations have ``obs`` (text), ``admissible`` (commands, [] if free-form),
 ``won`` and ``done``, the system prompt to play it with, and where a reply's action is (after
 ``Action:``, ReAct, or its first line). With an admissible list a reply's action is matched to one
 of its commands; without one (a free-form environment) the action is the text itself.
-``alfworld_game`` is the source for our ALFWorld games.
+``alfworld_game`` is the source for the generated ALFWorld games.
 """
 
 from __future__ import annotations

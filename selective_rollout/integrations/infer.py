@@ -2,8 +2,8 @@
 
 Best-of-N and self-consistency run G samples of an agent loop and keep one answer. When the G
 samples have converged on the same action prefix the extra samples add cost and no information,
-so once the gate fires we cut G-1 of them (their in-flight HTTP requests are cancelled, which
-closes the connection; our server and vLLM's abort the generation) and let one survivor finish.
+so once the gate fires it cuts G-1 of them (their in-flight HTTP requests are cancelled, which
+closes the connection; this package's server and vLLM's abort the generation) and let one survivor finish.
 Its outcome is the group's answer; ``compare`` reports tokens saved and answer agreement against
 running all G (same seeds, so the two runs agree up to the cut).
 

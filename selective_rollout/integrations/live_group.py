@@ -1,6 +1,6 @@
 """A group of G samples of one prompt, running concurrently, watched by a gate.
 
-Trainers outside our coordinator (OpenRLHF) and inference loops (best-of-N) run each sample as
+Trainers outside this package's coordinator (OpenRLHF) and inference loops (best-of-N) run each sample as
 its own coroutine with no view of its siblings. ``LiveGroup`` is the shared view: every sample
 reports its environment actions, and the gate is asked at step s as soon as each live sample
 has taken s actions, with no barrier, so fast samples never wait for slow ones (the schedule is

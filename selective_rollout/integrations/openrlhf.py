@@ -14,7 +14,7 @@ the group is dropped and a replacement prompt is dispatched; without filtering i
 advantages are all zero. ``extra_logs`` carry ``sr_gate_cut`` and ``sr_gate_step``.
 
 The environment action of a step is ``step_result["action"]`` when the agent instance returns
-it (our ALFWorld instance does), else the text after the last ``Action:`` of the reply.
+it (the ALFWorld instance does), else the text after the last ``Action:`` of the reply.
 """
 
 from __future__ import annotations

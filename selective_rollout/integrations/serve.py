@@ -1,7 +1,7 @@
-"""An OpenAI-compatible chat server over our TransformersEngine, on loopback.
+"""An OpenAI-compatible chat server over the TransformersEngine, on loopback.
 
 Lets the inference-time gate (selective_rollout.integrations.infer) and any OpenAI client talk to
-the engines we already have, exactly as they would talk to ``vllm serve``. Endpoints:
+the engines this package already has, exactly as they would talk to ``vllm serve``. Endpoints:
 ``GET /v1/models``, ``GET /metrics`` (Prometheus: requests, aborted requests, tokens; see
 ``server_metrics``) and ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
 temperature, top_p, n, seed, stream, stream_options.include_usage). ``stream=true`` answers with

@@ -1,7 +1,7 @@
 """The chat server's counters, exposed at ``GET /metrics`` in Prometheus' text format.
 
 A gated client cuts samples by closing their connections; these counters are how an operator (and
-our tests) see from the server's side that the cut requests were really aborted and what was
+the tests) see from the server's side that the cut requests were really aborted and what was
 generated, the same way ``vllm serve`` exposes ``vllm:request_success_total`` and its token
 counters. Each server has its own registry, so several servers in one process never share counts.
 """

@@ -1,6 +1,6 @@
 """Metric logging behind one interface: JSONL always, wandb (offline by default), TensorBoard.
 
-Metric names are grouped by prefix as in DESIGN.md section 3 (``rollout/``, ``gate/``,
+Metric names are grouped by prefix (``rollout/``, ``gate/``,
 ``train/``, ``eval/``, ``system/``), which is what makes wandb's default workspace show one
 panel section per group. A back-end that cannot start (wandb not logged in for ``online``,
 TensorBoard not installed) is reported once and skipped: the JSONL log is never lost.

@@ -1,5 +1,5 @@
 """How precisely a learning experiment measured its held-out change, and how many seeds, tries or
-tasks a CI that excludes 0 would take (floor 1, numpy only; the experiment runner prints it).
+tasks a CI that excludes 0 would take (base layer, numpy only; the experiment runner prints it).
 
 The pooled change (after - before per seed and held-out task, averaged over both) varies for
 three reasons, each estimated from the experiment's own runs:

@@ -101,7 +101,8 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
 
 
 def regime_summary(groups: Sequence[GroupRecord], k: int) -> dict[str, Any]:
-    """Is this run in the method's regime (DESIGN.md 4)? Over the groups that ran to the end:
+    """Is this run in the method's regime (many zero-variance groups, long trajectories)? Over
+    the groups that ran to the end:
     the all-fail and all-succeed shares, the median trajectory length, and how many distinct
     values D_K takes at step ``k`` (``RunConfig.regime_k``: the gate's step unless the profile
     names another; a divergence gate needs a spread of D_K to measure anything)."""

@@ -1,1 +1,1 @@
-"""Floor 2: engines, the agent's prompts and actions, rollout strategies and the coordinator."""
+"""The rollout layer: engines, the agent's prompts and actions, rollout strategies and the coordinator."""

@@ -1,11 +1,11 @@
 """GroupCoordinator: turns a stream of tasks into a batch of finished, trainable groups.
 
-It is the only place where engines, environments and gates meet (DESIGN.md 2.1). Groups run
+It is the only place where engines, environments and gates meet. Groups run
 concurrently (up to ``max_groups_in_flight``) and, inside a group, each trajectory runs at its
 own pace, so while one waits on the environment others generate and the engines batch
 requests across groups. A group the gate stops is cancelled at once (its in-flight engine
 requests aborted, its episodes closed, its KV sessions released) and, with ``refill``, the
-next task starts immediately: that is how saved tokens become saved wall-clock (DESIGN.md 2.2).
+next task starts immediately: that is how saved tokens become saved wall-clock.
 
 ``mode: lockstep`` reproduces the paper's loop (one group at a time, all G trajectories in
 lock-step, every turn one batched engine round and one environment step) for fair A/B runs.
@@ -322,7 +322,7 @@ class GroupCoordinator:
         Each trajectory keeps its KV session across turns, as the paper's vLLM server with
         ``enable_prefix_caching=True`` re-uses the dialogue's prefix: a lock-step reference that
         re-prefilled every turn would hand the concurrent coordinator a caching win that is not
-        concurrency's (issue 15)."""
+        concurrency's."""
         await self._open_group(task, group)
         engine = self.engines[group.engine_index]
         try:

@@ -1,16 +1,16 @@
 """Rollout strategies: which groups are started, stopped early, and kept for training.
 
-They are selectable per run so that arms are compared inside one system on one task stream
-(DESIGN.md 1, issue 5): ``none`` trains on every finished group; ``dapo`` drops zero-variance
-groups after running them in full (DAPO dynamic sampling); ``preskip`` skips tasks whose recent
-groups were all zero-variance (GRESO-style, with exploration); ``selective`` stops converged groups
-mid-trajectory with the gate; ``selective+dapo`` does both.
+They are selectable per run so that arms are compared inside one system on one task stream:
+``none`` trains on every finished group; ``dapo`` drops zero-variance groups after running them
+in full (DAPO dynamic sampling); ``preskip`` skips tasks whose recent groups were all
+zero-variance (GRESO-style, with exploration); ``selective`` stops converged groups mid-trajectory
+with the gate; ``selective+dapo`` does both.
 
 A new strategy is one class with ``@register_strategy("name")`` and, if it has parameters, a
 ``Params`` model next to it: they become flat keys of the ``rollout`` section (name them after the
 strategy, ``preskip_window``, since the section has keys of its own). This module imports nothing
 heavy, so config validation reads the registry without importing the coordinator (config sits
-below rollout/ in DESIGN.md 2.1.1 and reads it only when a config is validated).
+below rollout/ and reads it only when a config is validated).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The learner side (DESIGN.md 2.1, floor 3): advantages, GRPO loss, packing, DeepSpeed learners, sync.
+"""The learner side: advantages, GRPO loss, packing, DeepSpeed learners, sync.
 
 The re-exports load on first use (PEP 562), so importing a light submodule, as config
 validation does with ``trainer.losses``, does not import Ray and DeepSpeed.

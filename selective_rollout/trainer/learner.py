@@ -62,7 +62,8 @@ def autocast(cfg: TrainerConfig, device: torch.device) -> torch.autocast:
 
 
 def deepspeed_config(cfg: TrainerConfig, world_size: int, cpu: bool = False) -> dict[str, Any]:
-    """DeepSpeed config: we own loss scaling and accumulation, DeepSpeed owns ZeRO and the optimiser.
+    """DeepSpeed config: the learner owns loss scaling and accumulation, DeepSpeed owns ZeRO and
+    the optimiser.
 
     ``managed_gradient_accumulation: false`` makes every ``step()`` the accumulation boundary,
     since the number of micro-batches varies from step to step with the token budget.
@@ -211,7 +212,7 @@ class LearnerWorker:
         """Run this rank's micro-batches (``[]`` = an empty one), then one optimiser step on all ranks.
 
         Each micro-batch loss is its exact share of the batch loss; it is scaled by the world
-        size because DeepSpeed *averages* gradients across ranks, whose sum is what we want.
+        size because DeepSpeed *averages* gradients across ranks, whose sum is what the loss needs.
         """
         self.engine.train()
         sums: dict[str, float] = {}

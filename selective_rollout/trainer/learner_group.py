@@ -120,7 +120,7 @@ class LearnerGroup:
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, batch: list[Experience]) -> dict[str, float]:
-        """One optimiser step over ``batch``; returns the ``train/`` metrics of DESIGN.md section 3.
+        """One optimiser step over ``batch``; returns its ``train/`` metrics.
 
         ``train/effective_grad_l2`` is the L2 norm of the per-token coefficients ``w_t A_t`` that
         multiply ``grad log pi`` at ratio 1: it shrinks when zero-advantage tokens dilute the

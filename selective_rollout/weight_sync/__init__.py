@@ -1,4 +1,4 @@
-"""Weight sync, learner to rollout engines, in one place (floor 1: imports only torch).
+"""Weight sync, learner to rollout engines, in one place (base layer: imports only torch).
 
 ``collective`` is the protocol both ends share (the stateless process group, the rank of every
 engine worker, the tensor specs and the broadcast); ``receiver`` is the end an in-process HF model

@@ -277,7 +277,7 @@ class VLLMEngine(RolloutEngine):
         if self._running:
             await self.abort(list(self._running))
         if self.engine is not None:
-            # Drop our reference now: AsyncLLM.__del__ at interpreter exit would shut down again
+            # Drop the reference now: AsyncLLM.__del__ at interpreter exit would shut down again
             # with half-torn-down modules.
             engine, self.engine = self.engine, None
             engine.shutdown()

@@ -1,4 +1,4 @@
-"""The GRPO policy objective's components, one registry each (DESIGN.md 2.1.1).
+"""The GRPO policy objective's components, one registry each.
 
 - ``POLICY_LOSSES`` (``trainer.policy_loss``): per-token loss, e.g. PPO-clip with clip-higher;
 - ``AGGREGATIONS`` (``trainer.loss_agg``): how per-token losses add up to the batch loss;

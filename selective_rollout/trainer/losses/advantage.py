@@ -30,7 +30,7 @@ ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
 @ADVANTAGES.register("grpo")
 class GRPO(AdvantageEstimator):
     """``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use: the
-    formula is ``stats.grpo_advantages`` (floor 1), which the offline gate evaluation shares."""
+    formula is ``stats.grpo_advantages``, which the offline gate evaluation shares."""
 
     advantage_eps: float = Field(1e-6, gt=0.0, description="grpo: added to the group's std before dividing")
 
