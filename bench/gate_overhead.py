@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from selective_rollout.gate import DivergenceTracker, PrefixEditGate, levenshtein_py, prefix_edit_distance
-from selective_rollout.gate.policies import GroupState
+from selective_rollout.gate.base import GroupState
 
 ACTIONS = [f"go to cabinet {i}" for i in range(1, 12)] + [
     "take pan 1 from stoveburner 1",

@@ -12,7 +12,7 @@ Pass overrides to measure another profile side by side, e.g. the previous defaul
         agent.admissible_in_prompt=every_turn
 
 ``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
-(``python -m selective_rollout.gate.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
+(``python -m selective_rollout.gate.offline.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
 prints the regime of logged groups instead (e.g. an experiment's ungated arms, pooled), and for a
 gated log what its audits cost as a share of its step-tokens.
 """

@@ -555,7 +555,7 @@ def plot(
 
 def pooled_sweep(out: Path, sweep: SweepSpec, run_dirs: list[Path]) -> None:
     """The offline K x tau gate sweep over every arm's logged rollouts, pooled."""
-    from selective_rollout.gate.evaluate import main as gate_evaluate
+    from selective_rollout.gate.offline.evaluate import main as gate_evaluate
 
     pooled = out / "pooled_rollouts.jsonl"
     with pooled.open("w") as fh:

@@ -1,6 +1,6 @@
 """Small statistics shared across layers (the base layer): the exact binomial interval of a precision,
-bootstrap intervals, and the GRPO advantage formula (one definition for the trainer and the
-offline gate evaluation)."""
+bootstrap intervals, paired tests, folds by task, and the GRPO advantage formula (one definition
+for the trainer and the offline gate evaluation)."""
 
 from __future__ import annotations
 
@@ -139,3 +139,22 @@ def newcombe_paired_ci(
     )
     diff = p_after - p_before
     return (float(max(-1.0, diff - down)), float(min(1.0, diff + up)))
+
+
+def task_folds(
+    task_ids: Sequence[str], folds: int, seed: int = 0, labels: Sequence[bool] | None = None
+) -> list[int]:
+    """A fold index per item such that items of one task share a fold: the tasks, shuffled by
+    ``seed``, dealt round-robin into ``folds`` folds. With ``labels`` (one per item: zero
+    variance?) the folds are stratified: tasks are dealt in order of their share of
+    zero-variance groups, so that each fold gets its part of both kinds (on a small log an
+    unlucky split can otherwise leave a fit part with one kind only)."""
+    tasks = sorted(set(task_ids))
+    order = [tasks[i] for i in np.random.default_rng(seed).permutation(len(tasks))]
+    if labels is not None:
+        share: dict[str, list[bool]] = {}
+        for t, y in zip(task_ids, labels, strict=True):
+            share.setdefault(t, []).append(bool(y))
+        order.sort(key=lambda t: sum(share[t]) / len(share[t]))  # stable: shuffled within a stratum
+    fold_of = {t: n % folds for n, t in enumerate(order)}
+    return [fold_of[t] for t in task_ids]

@@ -26,6 +26,7 @@ FLOORS = {
     "precision": 1,
     "process_memory": 1,
     "gate": 1,
+    "gate.offline": 2,  # the tools over logs import the run-time gates, never the reverse
     "envs": 1,
     "config": 1,
     "weight_sync": 1,
@@ -130,6 +131,6 @@ def test_an_upward_import_is_caught(tmp_path, monkeypatch):
     ]
 
 
-@pytest.mark.parametrize("module", ["gate.policies", "records", "envs.alfworld", "weight_sync.collective"])
+@pytest.mark.parametrize("module", ["gate.base", "records", "envs.alfworld", "weight_sync.collective"])
 def test_the_lowest_floor_is_floor_one(module):
     assert floor_of(module) == 1

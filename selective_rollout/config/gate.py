@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.gate.policies import GATES, Gate, GateParams, Mode, build_gate
+from selective_rollout.gate.base import GATES, Gate, GateParams, Mode, build_gate
 
 
 class GateConfig(EntrySection):

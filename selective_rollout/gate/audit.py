@@ -17,7 +17,7 @@ group ends, however it ends, and a new audit is started only if its own expected
 too.
 
 It lives in the gate library (base layer) because it needs nothing but records: the coordinator
-runs it online, and the held-out evaluation (gate/heldout.py) replays logs under the same rule.
+runs it online, and the held-out evaluation (gate/offline/heldout.py) replays logs under the same rule.
 """
 
 from __future__ import annotations

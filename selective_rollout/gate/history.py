@@ -34,17 +34,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from selective_rollout.gate.policies import Gate, GateDecision, GateParams, GroupState, register_gate
-from selective_rollout.gate.replay import best_params, whole_distance
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.calibration import best_params
+from selective_rollout.gate.snapshot import whole_distance
 from selective_rollout.records import GroupRecord
-
-if TYPE_CHECKING:
-    from selective_rollout.gate.replay import Calibration
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The ``learned`` gate: a logistic model of P(zero variance) over the divergence features at the
 decision step (and the step itself), fit offline from logged rollouts.
 
-    python -m selective_rollout.gate.fit --rollouts A.jsonl [B.jsonl ...] --k 4 --out gate.json
+    python -m selective_rollout.gate.offline.fit --rollouts A.jsonl [B.jsonl ...] --k 4 --out gate.json
     python -m selective_rollout.train ... gate.name=learned gate.k=4 gate.model_path=gate.json
 
-The model file (JSON, written by gate/fit.py) holds the feature names, their standardisation
+The model file (JSON, written by ``fit_model``) holds the feature names, their standardisation
 (means, scales), the weights and bias, the probability threshold chosen on the fit data for a
 target precision, and the schedule (K and later steps) it was fit at; the gate refuses a file
 fit at another schedule, since its threshold was chosen for that one. The gate stops a group
@@ -18,16 +18,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 from pydantic import Field
 
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.calibration import meets
 from selective_rollout.gate.features import divergence_features
-from selective_rollout.gate.policies import Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.snapshot import labelled, live_after, state_at
 from selective_rollout.records import GroupRecord
-
-if TYPE_CHECKING:
-    from selective_rollout.gate.replay import Calibration
+from selective_rollout.stats import task_folds
 
 FORMAT = "selective-rollout/learned-gate"
 VERSION = 1
@@ -84,7 +85,7 @@ class LearnedModel:
         if not path.is_file():
             raise ValueError(
                 f"learned gate model file not found: {path} "
-                "(write one with python -m selective_rollout.gate.fit)"
+                "(write one with python -m selective_rollout.gate.offline.fit)"
             )
         try:
             data = json.loads(path.read_text())
@@ -111,9 +112,158 @@ class LearnedModel:
         return model
 
 
+def group_rows(
+    groups: Sequence[GroupRecord], schedule: Sequence[int]
+) -> list[tuple[GroupRecord, list[tuple[int, np.ndarray]]]]:
+    """Per labelled group, its (step, feature vector) at each step of the schedule it lives past."""
+    out = []
+    for g in labelled(groups):
+        steps = [s for s in schedule if live_after(g, s)]
+        rows = []
+        for s in steps:
+            values = decision_features(state_at(g, s))
+            rows.append((s, np.array([values[f] for f in FEATURES], dtype=float)))
+        out.append((g, rows))
+    return out
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Standardise ``x`` and minimise sum(log-loss) + l2/2 |w|^2 (the bias unpenalised).
+    Returns (mean, scale, weights, bias); a constant feature gets scale 1 (and weight ~0)."""
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale = np.where(scale > 1e-12, scale, 1.0)
+    z = (x - mean) / scale
+    d = z.shape[1]
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = theta[:d], theta[d]
+        logits = z @ w + b
+        # sum log(1 + e^t) - y t, written to stay finite for large |t|
+        value = float(np.sum(np.logaddexp(0.0, logits) - y * logits) + 0.5 * l2 * w @ w)
+        p = 1.0 / (1.0 + np.exp(-logits))
+        grad_w = z.T @ (p - y) + l2 * w
+        grad_b = float(np.sum(p - y))
+        return value, np.append(grad_w, grad_b)
+
+    from scipy.optimize import minimize  # only where a model is fit, not where the gate runs
+
+    res = minimize(loss, np.zeros(d + 1), jac=True, method="L-BFGS-B")
+    return mean, scale, res.x[:d], float(res.x[d])
+
+
+def _probabilities(mean, scale, w, b, x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-(((x - mean) / scale) @ w + b)))
+
+
+def choose_threshold(
+    scored: Sequence[tuple[GroupRecord, list[tuple[int, float]]]], target: float
+) -> tuple[float, dict[str, float]]:
+    """The lowest threshold at which a gate stopping at the first step with P >= threshold keeps
+    precision >= ``target`` on these groups (so it saves the most at that precision); 1.0 plus
+    an epsilon (never stops) when none does. With its precision, recall and saving there."""
+    candidates = sorted({p for _, steps in scored for _, p in steps}, reverse=True)
+    total = sum(g.step_tokens for g, _ in scored) or 1
+    zero = sum(bool(g.zero_variance) for g, _ in scored)
+    best = (math.nextafter(1.0, 2.0), {"precision": math.nan, "recall": 0.0, "saved": 0.0})
+    for thr in candidates:
+        stops = tp = saved = 0
+        for g, steps in scored:
+            hit = next((s for s, p in steps if p >= thr), None)
+            if hit is None:
+                continue
+            stops += 1
+            tp += bool(g.zero_variance)
+            saved += g.tokens_after(hit)
+        precision = tp / stops if stops else math.nan
+        if meets(precision, target) and saved / total > best[1]["saved"]:
+            best = (
+                thr,
+                {"precision": precision, "recall": tp / zero if zero else math.nan, "saved": saved / total},
+            )
+    return best
+
+
+def fit_model(
+    groups: Sequence[GroupRecord],
+    k: int,
+    steps: Sequence[int] = (),
+    target: float = 0.9,
+    l2: float = 1.0,
+    cv_folds: int = 5,
+    seed: int = 0,
+    sources: Sequence[str] = (),
+) -> LearnedModel:
+    """The learned gate's model fit on ``groups`` at schedule (k, steps) for ``target`` precision."""
+    schedule = [k, *sorted(steps)]
+    data = [(g, rows) for g, rows in group_rows(groups, schedule) if rows]
+    if not data:
+        raise ValueError(f"no labelled group is still running after step {k}: nothing to fit")
+    labels = np.array([float(bool(g.zero_variance)) for g, _ in data])
+    if labels.min() == labels.max():
+        kind = "zero-variance" if labels[0] else "informative (mixed-reward)"
+        raise ValueError(
+            f"every one of the {len(data)} groups to fit is {kind}: a classifier needs both kinds"
+        )
+
+    def stack(part):
+        x = np.array([v for _, rows in part for _, v in rows])
+        y = np.array([float(bool(g.zero_variance)) for g, rows in part for _ in rows])
+        return x, y
+
+    x_all, y_all = stack(data)
+    mean, scale, w, b = fit_logistic(x_all, y_all, l2)
+    # out-of-fold probabilities for the threshold: each task scored by a model that never saw it
+    tasks = [g.task_id for g, _ in data]
+    folds = task_folds(tasks, cv_folds, seed, [bool(y) for y in labels]) if cv_folds >= 2 else None
+    oof = folds is not None and len(set(folds)) >= 2
+    scored: list[tuple[GroupRecord, list[tuple[int, float]]]] = [(g, []) for g, _ in data]
+    if oof:
+        for f in sorted(set(folds)):  # type: ignore[arg-type]
+            train = [d for d, fi in zip(data, folds, strict=True) if fi != f]  # type: ignore[arg-type]
+            x, y = stack(train)
+            if y.min() == y.max():  # a fold with one class cannot be fit: fall back to in-sample
+                oof = False
+                break
+            params = fit_logistic(x, y, l2)
+            for i, ((_, rows), fi) in enumerate(zip(data, folds, strict=True)):  # type: ignore[arg-type]
+                if fi == f:
+                    probs = _probabilities(*params, np.array([v for _, v in rows]))
+                    scored[i] = (data[i][0], [(s, float(p)) for (s, _), p in zip(rows, probs, strict=True)])
+    if not oof:
+        for i, (g, rows) in enumerate(data):
+            probs = _probabilities(mean, scale, w, b, np.array([v for _, v in rows]))
+            scored[i] = (g, [(s, float(p)) for (s, _), p in zip(rows, probs, strict=True)])
+    threshold, at = choose_threshold(scored, target)
+    info = {
+        "sources": list(sources),
+        "groups": len(data),
+        "rows": len(y_all),
+        "zero_variance": int(labels.sum()),
+        "l2": l2,
+        "threshold_on": f"out-of-fold ({cv_folds} folds by task)" if oof else "in-sample",
+        "fit_precision": at["precision"],
+        "fit_recall": at["recall"],
+        "fit_saved": at["saved"],
+        "reached_target": threshold <= 1.0,
+    }
+    return LearnedModel(
+        features=list(FEATURES),
+        mean=[float(v) for v in mean],
+        scale=[float(v) for v in scale],
+        weights=[float(v) for v in w],
+        bias=b,
+        threshold=float(threshold),
+        k=k,
+        steps=sorted(int(s) for s in steps),
+        target_precision=target,
+        info=info,
+    )
+
+
 class LearnedParams(GateParams):
     model_path: str | None = Field(
-        None, description="the model file written by python -m selective_rollout.gate.fit (required)"
+        None, description="the model file written by python -m selective_rollout.gate.offline.fit (required)"
     )
     p_stop: float | None = Field(
         None, ge=0.0, le=1.0, description="stop when P(zero variance) >= this; unset: the file's threshold"
@@ -123,7 +273,7 @@ class LearnedParams(GateParams):
 @register_gate("learned")
 class LearnedGate(Gate):
     """A logistic model of P(zero variance) over the divergence features at the decision step (and
-    the step), fit offline by ``python -m selective_rollout.gate.fit``; stops when P >= its
+    the step), fit offline by ``python -m selective_rollout.gate.offline.fit``; stops when P >= its
     threshold."""
 
     Params = LearnedParams
@@ -134,7 +284,8 @@ class LearnedGate(Gate):
         super().__init__(**params)
         if self.params.model_path is None:
             raise ValueError(
-                "gate 'learned' needs model_path, the file python -m selective_rollout.gate.fit writes"
+                "gate 'learned' needs model_path, the file "
+                "python -m selective_rollout.gate.offline.fit writes"
             )
         self.model = LearnedModel.load(self.params.model_path)
         schedule, fitted = self.decision_steps, [self.model.k, *self.model.steps]
@@ -163,8 +314,6 @@ class LearnedGate(Gate):
     @classmethod
     def calibrate(cls, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any]:
         """Fit the model on ``fit`` (its threshold for ``cal.target``) into ``cal.workdir``."""
-        from selective_rollout.gate.fit import fit_model
-
         shared = cal.shared
         model = fit_model(fit, k=shared.get("k", 10), steps=shared.get("steps", []), target=cal.target)
         path = Path(cal.workdir) / f"learned-{cal.tag}.json"

@@ -21,17 +21,14 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
-from selective_rollout.gate.policies import Gate, GateDecision, GateParams, GroupState, register_gate
-from selective_rollout.gate.replay import whole_distance
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.snapshot import whole_distance
 from selective_rollout.records import GroupRecord
 from selective_rollout.stats import clopper_pearson
-
-if TYPE_CHECKING:
-    from selective_rollout.gate.replay import Calibration
 
 
 class PrecisionTargetParams(GateParams):

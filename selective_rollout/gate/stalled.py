@@ -25,17 +25,14 @@ held-out figures on the medium ALFWorld games.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.features import termination_frac
-from selective_rollout.gate.policies import Gate, GateDecision, GateParams, GroupState, register_gate
-from selective_rollout.gate.replay import best_params
 from selective_rollout.records import GroupRecord
-
-if TYPE_CHECKING:
-    from selective_rollout.gate.replay import Calibration
 
 
 class StalledParams(GateParams):

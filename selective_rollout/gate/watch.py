@@ -11,7 +11,7 @@ trainer's cuts and the inference loop's cuts at the same steps for the same acti
 
 from __future__ import annotations
 
-from selective_rollout.gate.policies import Gate, GroupState, features_at
+from selective_rollout.gate.base import Gate, GroupState, features_at
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.records import GateRecord
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from selective_rollout.config import load_config
-from selective_rollout.gate.evaluate import main as gate_evaluate
+from selective_rollout.gate.offline.evaluate import main as gate_evaluate
 from selective_rollout.placement import read_placement
 from selective_rollout.precision import engine_dtype
 from selective_rollout.records import read_groups

@@ -9,7 +9,7 @@ from pydantic import Field
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
 from selective_rollout.gate import GATES, Gate, GateDecision, GateParams, GroupState, register_gate
-from selective_rollout.gate.evaluate import main as evaluate
+from selective_rollout.gate.offline.evaluate import main as evaluate
 from tests.gate.test_evaluate import write_example
 
 TOY = "stop_at_step_test_only"

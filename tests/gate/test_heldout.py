@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from selective_rollout.gate.heldout import GateSpec, main, run, split_by_task
+from selective_rollout.gate.offline.heldout import GateSpec, main, run, split_by_task
 from selective_rollout.records import GroupWriter
 from selective_rollout.stats import cluster_bootstrap_ci
 from tests.gate.synthetic import converged, divergent, group, mixed_log

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.gate import GroupState, build_gate
-from selective_rollout.gate.replay import Calibration, as_recorded, replay, summarize
+from selective_rollout.gate.offline.replay import ReplayCalibration, as_recorded, replay, summarize
 from selective_rollout.records import GateRecord
 from tests.gate.synthetic import converged, divergent, mixed_log, partly, typed_log
 
@@ -76,7 +76,7 @@ def test_replay_only_shows_earlier_groups() -> None:
 
 def test_calibration_beats_the_plain_gate_on_a_log_with_repeating_tasks() -> None:
     log = mixed_log(seed=0, tasks=40, reps=3)
-    cal = Calibration(target=0.9, shared={"k": 4})
+    cal = ReplayCalibration(target=0.9, shared={"k": 4})
     params = type(_gate()).calibrate(log, cal)
     plain = summarize(replay(build_gate("prefix_edit", k=4, tau=params["tau"]), log))
     hist = summarize(replay(build_gate("history", k=4, **params), log))
@@ -123,7 +123,7 @@ def test_calibration_finds_the_type_prior_where_no_task_repeats() -> None:
     """Calibrated on one log and replayed on another where every task is new: only the type
     prior can stop, and it stops the mastered and lost types' groups, not the mixed type's."""
     fit, held_out = typed_log(seed=0), typed_log(seed=1)
-    cal = Calibration(target=0.9, shared={"k": 4})
+    cal = ReplayCalibration(target=0.9, shared={"k": 4})
     params = type(_gate()).calibrate(fit, cal)
     assert params["type_window"] > 0
     gate = build_gate("history", k=4, **params)

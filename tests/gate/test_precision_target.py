@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.gate import GroupState, build_gate
-from selective_rollout.gate.replay import as_recorded
+from selective_rollout.gate.offline.replay import as_recorded
 from selective_rollout.records import GateRecord
 from selective_rollout.stats import clopper_pearson
 from tests.gate.synthetic import converged, divergent, partly

@@ -8,16 +8,11 @@ import math
 import pytest
 
 from selective_rollout.gate import GateDecision, GroupState, PrefixEditGate, build_gate
-from selective_rollout.gate.evaluate import EPS as EVALUATE_EPS
-from selective_rollout.gate.evaluate import labelled_groups
-from selective_rollout.gate.replay import (
-    EPS,
-    Calibration,
-    best_params,
-    caching,
-    replay,
-    summarize,
-)
+from selective_rollout.gate.calibration import best_params
+from selective_rollout.gate.offline.evaluate import EPS as EVALUATE_EPS
+from selective_rollout.gate.offline.evaluate import labelled_groups
+from selective_rollout.gate.offline.replay import EPS, ReplayCalibration, replay, summarize
+from selective_rollout.gate.snapshot import caching
 from selective_rollout.records import Outcome
 from selective_rollout.stats import grpo_advantages
 from tests.gate.synthetic import converged, divergent, group, partly
@@ -93,7 +88,7 @@ def test_the_loosest_threshold_meeting_the_target_is_chosen() -> None:
         partly("c", [1, 0, 0, 0], shared=1, length=10),
         divergent("d", [1, 0, 1, 0]),
     ]
-    cal = Calibration(target=0.9, shared={"k": 3})
+    cal = ReplayCalibration(target=0.9, shared={"k": 3})
     params, summary = best_params("prefix_edit", [{"tau": t} for t in cal.thresholds], fit, cal)
     assert summary["precision"] == 1.0 and summary["stops"] == 2
     assert 0.34 <= params["tau"] <= 0.67  # anything between D of b and D of c; the most saving: first listed

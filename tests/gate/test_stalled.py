@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.gate import GroupState, build_gate
-from selective_rollout.gate.replay import Calibration
+from selective_rollout.gate.offline.replay import ReplayCalibration
 from selective_rollout.gate.stalled import StalledGate
 from tests.gate.synthetic import group
 
@@ -55,12 +55,12 @@ def _log(n: int, late_success: int, winner_at: int = 9) -> list:
 
 
 def test_calibration_picks_the_step_where_it_is_precise_and_turns_off_where_none_is() -> None:
-    cal = Calibration(0.9, shared={"k": 6})
+    cal = ReplayCalibration(0.9, shared={"k": 6})
     assert StalledGate.calibrate(_log(9, 0), cal) == {"k": 6, "max_finished_frac": 0.0}  # 9 of 9 right
     # at K = 6 only 6 of 10 stops are right; by step 9 the late winners have finished: 6 of 6
     assert StalledGate.calibrate(_log(6, 4), cal) == {"k": 9, "max_finished_frac": 0.0}
     # with later decision steps in the schedule K stays where it is (the steps must follow it)
-    with_steps = Calibration(0.9, shared={"k": 6, "mode": "at_k", "steps": [7]})
+    with_steps = ReplayCalibration(0.9, shared={"k": 6, "mode": "at_k", "steps": [7]})
     assert StalledGate.calibrate(_log(6, 4), with_steps) == {"max_finished_frac": -1.0}
     # winners that finish on the last step look stalled at every step before it: off
     assert StalledGate.calibrate(_log(6, 4, winner_at=10), cal) == {"max_finished_frac": -1.0}

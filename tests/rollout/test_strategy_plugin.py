@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
-from selective_rollout.gate.policies import NoGate
+from selective_rollout.gate.base import NoGate
 from selective_rollout.records import Outcome
 from selective_rollout.rollout.strategies import (
     STRATEGIES,

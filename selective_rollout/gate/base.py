@@ -1,4 +1,4 @@
-"""Gate policies: decide, from a group's first K actions, whether to stop the whole group.
+"""The gate contract: decide, from a group's first K actions, whether to stop the whole group.
 
 Every gate answers ``decide(group) -> GateDecision`` and says, through ``should_check(step)``,
 at which steps it wants to be asked, so the coordinator never needs to know which gate it runs.
@@ -10,21 +10,20 @@ A new gate is one class with ``@register_gate("name")`` and, if it has parameter
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
-from selective_rollout.gate.features import divergence_features, termination_frac
+from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.records import GroupRecord, rewards_equal
 from selective_rollout.registry import registrar
-
-if TYPE_CHECKING:
-    from selective_rollout.gate.replay import Calibration
 
 Mode = Literal["at_k", "from_k"]
 
@@ -151,6 +150,24 @@ def _params_error(gate: str, model: type[GateParams], err: ValidationError) -> V
     return ValueError("; ".join(parts))
 
 
+@dataclass
+class Calibration(ABC):
+    """How a gate is calibrated on the fit part of a log: the target, the shared keys, and
+    ``score``, a gate's summary (``precision``, ``saved``, ...) over groups."""
+
+    target: float  # the precision to keep on the fit part
+    shared: dict[str, Any] = field(default_factory=dict)  # k, mode, steps for every gate
+    audit_budget: float = 0.0
+    audit_target: float = 0.9
+    thresholds: Sequence[float] = tuple(i / 100 for i in range(101))
+    workdir: Path = Path(".")  # where a gate may write what it fits (a learned model)
+    tag: str = "fit"  # names those files (one per fold and target)
+
+    @abstractmethod
+    def score(self, gate: Gate, groups: Sequence[GroupRecord]) -> dict[str, float]:
+        """``gate`` over ``groups``: at least its ``precision`` and the share of step-tokens ``saved``."""
+
+
 class Gate:
     """Interface. ``k`` is the first step at which the gate looks.
 
@@ -208,7 +225,7 @@ class Gate:
     @classmethod
     def calibrate(cls, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any] | None:
         """Offline: the gate's own parameters fitted on logged groups ``fit`` for ``cal.target``
-        precision (the held-out evaluation, gate/heldout.py, evaluates them on other groups).
+        precision (the held-out evaluation, gate/offline/heldout.py, evaluates them on other groups).
         None: the default, the ``threshold`` value that saves the most on ``fit`` at that precision."""
         return None
 
@@ -222,51 +239,6 @@ class NoGate(Gate):
 
     def decide(self, group: GroupState) -> GateDecision:
         return GateDecision(False, "no gate")
-
-
-class PrefixEditParams(GateParams):
-    tau: float = Field(0.12, ge=0.0, le=1.0, description="stop when D_K < tau (the paper: 0.12)")
-
-
-@register_gate("prefix_edit")
-class PrefixEditGate(Gate):
-    """The paper's one-parameter gate: stop when D_K < tau."""
-
-    Params = PrefixEditParams
-    threshold = "tau"
-    params: PrefixEditParams
-
-    def decide(self, group: GroupState) -> GateDecision:
-        tau = self.params.tau
-        d = group.distance(group.step)
-        stop = d < tau
-        op = "<" if stop else ">="
-        return GateDecision(stop, f"D_{group.step}={d:.3f} {op} tau={tau}", {"prefix_edit_distance": d})
-
-
-class TwoAxisParams(GateParams):
-    d_low: float = Field(0.12, ge=0.0, le=1.0, description="stop when D_K < d_low")
-    t_high: float = Field(0.9, ge=0.0, le=1.0, description="or when the terminated fraction >= t_high")
-
-
-@register_gate("two_axis")
-class TwoAxisGate(Gate):
-    """The paper trainer's OR rule: stop when D_K < d_low or termination fraction >= t_high."""
-
-    Params = TwoAxisParams
-    threshold = "d_low"
-    params: TwoAxisParams
-
-    def decide(self, group: GroupState) -> GateDecision:
-        d_low, t_high = self.params.d_low, self.params.t_high
-        d = group.distance(group.step)
-        term_frac = termination_frac(group.actions, group.step, group.ended)
-        features = {"prefix_edit_distance": d, "termination_frac": term_frac}
-        if d < d_low:
-            return GateDecision(True, f"D_{group.step}={d:.3f} < d_low={d_low}", features)
-        if term_frac >= t_high:
-            return GateDecision(True, f"terminated {term_frac:.2f} >= t_high={t_high}", features)
-        return GateDecision(False, f"D_{group.step}={d:.3f}, terminated {term_frac:.2f}", features)
 
 
 @register_gate("oracle")

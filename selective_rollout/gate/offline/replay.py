@@ -1,6 +1,6 @@
 """Replay logged groups through a gate as a run would have met them, in log order.
 
-The offline sweep (gate/evaluate.py) asks a stateless gate about each group at K. Gates with
+The offline sweep (gate/offline/evaluate.py) asks a stateless gate about each group at K. Gates with
 memory (``history``, ``precision_target``) need more: the groups must reach them in the order a
 run finishes them, the gate must be told of each finished group (``Gate.observe``) exactly as
 the coordinator tells it, and what it is told must hide what a run would not know. So here:
@@ -18,96 +18,25 @@ the coordinator tells it, and what it is told must hide what a run would not kno
 ``summarize`` turns the outcomes into precision, recall, step-tokens saved and their share of the
 oracle's saving (cut exactly the zero-variance groups at K, no audit), and the change in step-tokens
 per informative group reaching the learner against no gate (what the cuts save, over the
-informative groups they lose: the offline twin of the experiment's paired figure). ``best_params`` picks,
-among candidate parameters, the one that saves the most on a part of the log while keeping its
-precision at or above a target (the calibration of the held-out evaluation, gate/heldout.py).
+informative groups they lose: the offline twin of the experiment's paired figure). ``ReplayCalibration``
+scores a gate this way for the calibration of the held-out evaluation (gate/offline/heldout.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from selective_rollout.gate.audit import AuditBudget
-from selective_rollout.gate.distance import prefix_edit_distance
-from selective_rollout.gate.policies import Gate, GroupState, build_gate
+from selective_rollout.gate.base import Calibration, Gate
+from selective_rollout.gate.snapshot import labelled, live_after, memo, state_at, tokens_after
 from selective_rollout.records import GateRecord, GroupRecord, Outcome, Trajectory, TrajectoryStatus
 from selective_rollout.stats import grpo_advantages
 
 EPS = 1e-6  # the trainer's default advantage_eps (a test keeps them equal)
-T = TypeVar("T")
-
-# Calibration replays the same groups hundreds of times; inside ``caching()`` what a replay
-# derives from a logged group (its states at each step, D_k, token sums) is computed once. The
-# key is the group's trajectory list, which the records a replay hands its gate share; the
-# cache holds it, so its id is not reused while cached. Off by default (online, a gate's
-# observed groups must not pile up here).
-_MEMO: dict[int, tuple[object, dict]] | None = None
-
-
-@contextmanager
-def caching() -> Iterator[None]:
-    global _MEMO
-    outer, _MEMO = _MEMO, ({} if _MEMO is None else _MEMO)
-    try:
-        yield
-    finally:
-        _MEMO = outer
-
-
-def _memo(record: GroupRecord, key: tuple, compute: Callable[[], T]) -> T:
-    if _MEMO is None:
-        return compute()
-    owner = record.trajectories
-    entry = _MEMO.get(id(owner))
-    if entry is None or entry[0] is not owner:
-        entry = _MEMO[id(owner)] = (owner, {})
-    if key not in entry[1]:
-        entry[1][key] = compute()
-    return entry[1][key]  # type: ignore[return-value]
-
-
-def labelled(groups: Iterable[GroupRecord]) -> list[GroupRecord]:
-    """The groups a gate can be scored on, in log order: final rewards known and G >= 2."""
-    return [g for g in groups if g.has_final_rewards and g.g >= 2]
-
-
-def live_after(record: GroupRecord, step: int) -> bool:
-    """Whether a trajectory was still running after ``step`` actions (else the gate is not asked)."""
-    return any(len(t.steps) > step for t in record.trajectories)
-
-
-def state_at(record: GroupRecord, step: int, with_rewards: bool = False) -> GroupState:
-    """The group as a run's gate sees it once every live trajectory has ``step`` actions: the
-    first ``step`` actions each, a trajectory whose log ends by then marked ended."""
-    return _memo(record, ("state", step, with_rewards), lambda: _state_at(record, step, with_rewards))
-
-
-def _state_at(record: GroupRecord, step: int, with_rewards: bool) -> GroupState:
-    return GroupState(
-        [t.actions[:step] for t in record.trajectories],
-        step=step,
-        ended=[len(t.steps) <= step for t in record.trajectories],
-        final_rewards=[float(t.reward) for t in record.trajectories] if with_rewards else None,  # type: ignore[arg-type]
-        task_id=record.task_id,
-        task_type=record.task_type or None,
-    )
-
-
-def whole_distance(record: GroupRecord, k: int) -> float:
-    """D_k of a finished group's whole trajectories (those shorter than k are END-padded)."""
-    actions = [t.actions for t in record.trajectories]
-    return _memo(record, ("whole", k), lambda: prefix_edit_distance(actions, k, [True] * record.g))
-
-
-def _tokens(record: GroupRecord, after: int = 0) -> int:
-    return _memo(record, ("tokens", after), lambda: record.tokens_after(after))
 
 
 def schedule(gate: Gate, record: GroupRecord) -> list[int]:
@@ -209,10 +138,10 @@ def replay(
                 stopped=stopped,
                 audited=audited,
                 step=decision.step if stopped else None,  # type: ignore[union-attr]
-                saved=_tokens(record, decision.step) if stopped and not audited else 0,  # type: ignore[union-attr]
-                total=_tokens(record),
-                oracle=_tokens(record, k) if zero and live_after(record, k) else 0,
-                adv_sq=_memo(record, ("adv",), lambda r=record: _advantage_sq(r)),
+                saved=tokens_after(record, decision.step) if stopped and not audited else 0,  # type: ignore[union-attr]
+                total=tokens_after(record),
+                oracle=tokens_after(record, k) if zero and live_after(record, k) else 0,
+                adv_sq=memo(record, ("adv",), lambda r=record: _advantage_sq(r)),
             )
         )
     return out
@@ -267,44 +196,9 @@ def summarize(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
     return out
 
 
-def meets(precision: float, target: float) -> bool:
-    """A gate that never stopped keeps every informative group: it meets any target (saving 0)."""
-    return math.isnan(precision) or precision >= target - 1e-12
+class ReplayCalibration(Calibration):
+    """Calibration by replay: a gate is scored on the fit part as a run would have met it, with
+    the run's audit rule and the oracle at the evaluation's K."""
 
-
-@dataclass
-class Calibration:
-    """How the held-out evaluation calibrates a gate on the fit part of a log."""
-
-    target: float  # the precision to keep on the fit part
-    shared: dict[str, Any] = field(default_factory=dict)  # k, mode, steps for every gate
-    audit_budget: float = 0.0
-    audit_target: float = 0.9
-    thresholds: Sequence[float] = tuple(round(x, 2) for x in np.arange(0.0, 1.0001, 0.01))
-    workdir: Path = Path(".")  # where a gate may write what it fits (a learned model)
-    tag: str = "fit"  # names those files (one per fold and target)
-
-    def replay(self, gate: Gate, groups: Sequence[GroupRecord]) -> list[GroupOutcome]:
-        """``gate`` over ``groups`` with the run's audit rule; the oracle at the evaluation's K."""
-        return replay(gate, groups, self.audit_budget, self.audit_target, self.shared.get("k"))
-
-
-def best_params(
-    name: str, candidates: Sequence[Mapping[str, Any]], fit: Sequence[GroupRecord], cal: Calibration
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """Among ``candidates`` (parameter sets of gate ``name``; one may set a shared key such as
-    ``k``, over ``cal.shared``), the one that saves the most on ``fit`` with precision >= the
-    target there (ties: the first listed); with its fit summary.
-    A candidate that never stops meets any target, so list one (e.g. tau 0) to always have one."""
-    best: tuple[dict[str, Any], dict[str, float]] | None = None
-    for params in candidates:
-        summary = summarize(cal.replay(build_gate(name, **{**cal.shared, **params}), fit))
-        if not meets(summary["precision"], cal.target):
-            continue
-        if best is None or summary["saved"] > best[1]["saved"] + 1e-12:
-            best = (dict(params), summary)
-    if best is None:
-        raise ValueError(
-            f"no candidate parameters of gate {name!r} kept precision >= {cal.target} on the fit part"
-        )
-    return best
+    def score(self, gate: Gate, groups: Sequence[GroupRecord]) -> dict[str, float]:
+        return summarize(replay(gate, groups, self.audit_budget, self.audit_target, self.shared.get("k")))

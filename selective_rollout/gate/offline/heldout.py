@@ -1,8 +1,8 @@
 """Held-out evaluation of gates: calibrate or fit on some logged groups, evaluate on others.
 
-    python -m selective_rollout.gate.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
+    python -m selective_rollout.gate.offline.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
         [--steps 6,8] [--targets 0.9,0.8] [--gates prefix_edit,learned,history,precision_target] --out DIR
-    python -m selective_rollout.gate.heldout --fit A.jsonl [...] --eval B.jsonl [...] --k 4 --out DIR
+    python -m selective_rollout.gate.offline.heldout --fit A.jsonl [...] --eval B.jsonl [...] --k 4 --out DIR
 
 The fit and evaluation parts never share a group: either the given files (``--fit`` / ``--eval``,
 e.g. other seeds or iterations), or a split of ``--rollouts`` by task (``--split task``): the
@@ -12,11 +12,11 @@ the others (cross-fitting), so every group is evaluated once, by gates that neve
 
 For each gate and target precision, on the fit part: a threshold gate takes the threshold value
 that saves the most while its precision there stays >= the target (the loosest such one);
-``learned`` fits its model (gate/fit.py), ``history`` its thresholds, ``precision_target`` is
+``learned`` fits its model (gate/offline/fit.py), ``history`` its thresholds, ``precision_target`` is
 given the target (its tau comes online), ``stalled`` its step (K or later) and share. The
 calibrated gate then observes the fit part's groups (a gate with memory starts the evaluation
 knowing them) and is replayed over the evaluation part in log order as a run would meet it
-(gate/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
+(gate/offline/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
 hidden from the gate).
 
 Printed and written (``heldout.md``, ``heldout.csv``, ``heldout_pareto.png``) per gate and target:
@@ -43,23 +43,21 @@ from typing import Any
 
 import numpy as np
 
-from selective_rollout.gate.fit import task_folds
-from selective_rollout.gate.policies import build_gate, gate_class
-from selective_rollout.gate.replay import (
+from selective_rollout.gate.base import Calibration, build_gate, gate_class
+from selective_rollout.gate.calibration import best_params
+from selective_rollout.gate.offline.replay import (
     ROW_WIDTH,
     SAVED,
     STATISTICS,
     TOTAL,
-    Calibration,
     GroupOutcome,
-    best_params,
-    caching,
-    labelled,
+    ReplayCalibration,
     replay,
     summarize,
 )
+from selective_rollout.gate.snapshot import caching, labelled
 from selective_rollout.records import GroupRecord, read_groups
-from selective_rollout.stats import cluster_bootstrap_ci
+from selective_rollout.stats import cluster_bootstrap_ci, task_folds
 
 DEFAULT_GATES = "prefix_edit,learned,history,precision_target"
 BASELINE = "prefix_edit"
@@ -132,7 +130,7 @@ def evaluate_spec(
 ) -> Result:
     outcomes, params_by_part, fit_by_part = [], [], []
     for i, (fit, ev) in enumerate(parts):
-        cal = Calibration(
+        cal = ReplayCalibration(
             target=target,
             shared=spec.shared,
             audit_budget=audit_budget,
@@ -143,7 +141,7 @@ def evaluate_spec(
         )
         params = calibrate(spec, fit, cal)
         # a calibration may set a shared key too (stalled picks its step); the oracle stays at K
-        fit_by_part.append(summarize(cal.replay(build_gate(spec.name, **{**spec.shared, **params}), fit)))
+        fit_by_part.append(cal.score(build_gate(spec.name, **{**spec.shared, **params}), fit))
         gate = build_gate(spec.name, **{**spec.shared, **params})
         for record in labelled(fit):  # start the evaluation knowing the fit part, as logged
             gate.observe(record)
@@ -357,7 +355,7 @@ def run(
     seed: int = 0,
 ) -> list[Result]:
     """Every gate spec at every target, pooled over ``parts``, plus the oracle at K (last)."""
-    grid = Calibration(0.0).thresholds if thresholds is None else thresholds
+    grid = ReplayCalibration(0.0).thresholds if thresholds is None else thresholds
     with caching():
         results = [
             evaluate_spec(spec, t, parts, audit_budget, audit_target, grid, workdir)
@@ -392,7 +390,7 @@ def _read(paths: Sequence[Path]) -> list[GroupRecord]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selective_rollout.gate.heldout",
+        prog="python -m selective_rollout.gate.offline.heldout",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -487,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "heldout.md").write_text(text)
     write_csv(results, args.out / "heldout.csv")
     with caching():
-        curve = prefix_curve(args.k, evaluated, Calibration(0.0).thresholds)
+        curve = prefix_curve(args.k, evaluated, ReplayCalibration(0.0).thresholds)
     plot(results, curve, args.out / "heldout_pareto.png")
     print(text, end="")
     print(f"wrote {args.out / 'heldout.md'}, heldout.csv and heldout_pareto.png")
