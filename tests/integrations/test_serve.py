@@ -177,7 +177,7 @@ def test_a_client_that_leaves_mid_stream_aborts_its_generation(smollm2_path) -> 
                         if line.startswith("data: "):
                             break
                 for _ in range(200):  # the server notices the closed connection
-                    if server.aborted and not engine._requests:
+                    if server.aborted and not engine._scheduler.requests:
                         break
                     await asyncio.sleep(0.05)
                 generated = (await engine.health())["generated_tokens"]
@@ -185,7 +185,7 @@ def test_a_client_that_leaves_mid_stream_aborts_its_generation(smollm2_path) -> 
                 metrics = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
             assert "selective_rollout_requests_aborted_total 1.0" in metrics
             assert "selective_rollout_requests_finished_total 1.0" in metrics  # the one after
-            return server.aborted, len(engine._requests), generated, after.status_code
+            return server.aborted, len(engine._scheduler.requests), generated, after.status_code
         finally:
             await runner.cleanup()
             await engine.shutdown()

@@ -8,7 +8,12 @@ import threading
 import pytest
 import torch
 
-from selective_rollout.rollout.engines import EngineError, SamplingParams, transformers_engine
+from selective_rollout.rollout.engines import (
+    EngineError,
+    SamplingParams,
+    transformers_batch,
+    transformers_sampler,
+)
 from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
@@ -202,7 +207,7 @@ def test_retiring_a_row_drops_the_columns_no_kept_row_attends_to():
             [0, 1, 1, 1, 0, 0, 0, 1],
         ]
     )
-    batch = transformers_engine._Batch()
+    batch = transformers_batch.DecodeBatch()
     batch.rows = ["wide", "b", "c"]
     kv = torch.arange(3 * 8, dtype=torch.float).reshape(3, 1, 8, 1)
     batch.set_kv([(kv, -kv)])
@@ -246,7 +251,7 @@ def test_abort_ends_a_running_request_at_once(hf_engine):
         task = asyncio.create_task(
             hf_engine.generate("long", MSGS, SamplingParams(max_tokens=1000, choices=long_choice))
         )
-        while not hf_engine._batch.rows:
+        while not hf_engine._scheduler.batch.rows:
             await asyncio.sleep(0.01)
         await hf_engine.abort(["long", "not-a-request"])
         return await asyncio.wait_for(task, timeout=60)
@@ -351,14 +356,14 @@ def test_a_prompt_over_the_context_is_refused_before_any_prefill(hf_engine):
 
 
 def test_a_request_failing_at_admission_leaves_its_neighbours_alone(hf_engine, monkeypatch):
-    finish = hf_engine._finish
+    finish = hf_engine._scheduler._finish
 
     def finish_or_fail(item):
         if item.req.request_id == "poison":
             raise RuntimeError("a sampler failure of this request only")
         return finish(item)
 
-    monkeypatch.setattr(hf_engine, "_finish", finish_or_fail)
+    monkeypatch.setattr(hf_engine._scheduler, "_finish", finish_or_fail)
 
     async def go():
         sp = SamplingParams(max_tokens=4, seed=1)
@@ -380,7 +385,7 @@ def test_a_failed_step_answers_every_request_even_those_being_admitted(hf_engine
     def broken_add(self, groups):  # fails after the requests left the queue, before the batch
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(transformers_engine._Batch, "add", broken_add)
+    monkeypatch.setattr(transformers_batch.DecodeBatch, "add", broken_add)
 
     async def go():
         sp = SamplingParams(max_tokens=4, seed=1)
@@ -399,15 +404,15 @@ def test_health_reports_cache_and_work(hf_engine):
 
 def _items(engine, prompts: list[list[int]], sessions: list[str | None]):
     """Requests as the engine admits them (outputs made, cached prefix looked up)."""
-    from selective_rollout.rollout.engines.transformers_engine import _Request
+    from selective_rollout.rollout.engines.transformers_request import Request
 
     loop = asyncio.new_event_loop()
     reqs = [
-        _Request(f"direct-{i}", p, SamplingParams(max_tokens=2), sid, loop.create_future(), None)
+        Request(f"direct-{i}", p, SamplingParams(max_tokens=2), sid, loop.create_future(), None)
         for i, (p, sid) in enumerate(zip(prompts, sessions, strict=True))
     ]
     loop.close()
-    return [engine._prepare(r) for r in reqs]
+    return [engine._scheduler._prepare(r) for r in reqs]
 
 
 def test_batched_prefill_gives_the_logits_and_kv_of_one_at_a_time(hf_engine, smollm2_tokenizer):
@@ -428,11 +433,11 @@ def test_batched_prefill_gives_the_logits_and_kv_of_one_at_a_time(hf_engine, smo
         batched = _items(hf_engine, prompts, sessions)
         assert batched[0].cached > batched[1].cached > max(batched[2].cached, batched[3].cached)
         assert len({it.cached for it in batched}) >= 3 and len({len(it.suffix) for it in batched}) == 4
-        forwards = hf_engine._stats["prefill_forwards"]
-        hf_engine._prefill(batched)
-        assert hf_engine._stats["prefill_forwards"] == forwards + 1
+        forwards = hf_engine._runner.stats["prefill_forwards"]
+        hf_engine._runner.prefill(batched)
+        assert hf_engine._runner.stats["prefill_forwards"] == forwards + 1
         for item, alone in zip(batched, _items(hf_engine, prompts, sessions), strict=True):
-            hf_engine._prefill([alone])
+            hf_engine._runner.prefill([alone])
             torch.testing.assert_close(item.logits, alone.logits, atol=1e-4, rtol=0)
             assert len(item.prompt_kv) == len(alone.prompt_kv)
             for (k, v), (k1, v1) in zip(item.prompt_kv, alone.prompt_kv, strict=True):
@@ -454,7 +459,7 @@ def test_requests_arriving_together_are_prefilled_in_one_forward(hf_engine, smol
         p + smollm2_tokenizer(f" You arrive at shelf {i}. On it you see nothing.").input_ids
         for i, p in enumerate(turn1)
     ]
-    before = dict(hf_engine._stats)
+    before = dict(hf_engine._runner.stats)
 
     async def go():
         calls = [
@@ -464,7 +469,7 @@ def test_requests_arriving_together_are_prefilled_in_one_forward(hf_engine, smol
         return await asyncio.gather(*calls)
 
     done = run(go())
-    assert hf_engine._stats["prefill_forwards"] - before["prefill_forwards"] == 1
+    assert hf_engine._runner.stats["prefill_forwards"] - before["prefill_forwards"] == 1
     assert all(c.cached_prompt_tokens > 0 for c in done)
     for p, c in zip(turn2, done, strict=True):
         ref = teacher_forced(hf_engine, p, c.outputs[0].token_ids)
@@ -476,7 +481,7 @@ def test_siblings_arriving_together_prefill_their_shared_prompt_once(hf_engine, 
     """A group's first turn: G requests with one prompt and their own sessions, all queued at
     once. The first is prefilled; the others wait one wave and reuse it (one token each)."""
     p = prompt_ids(smollm2_tokenizer, "A group prompt about a microwave, a sink basin and a toaster.")
-    before = dict(hf_engine._stats)
+    before = dict(hf_engine._runner.stats)
 
     async def go():
         sp = SamplingParams(max_tokens=2, seed=4)
@@ -485,21 +490,21 @@ def test_siblings_arriving_together_prefill_their_shared_prompt_once(hf_engine, 
         )
 
     done = run(go())
-    assert hf_engine._stats["prefilled_tokens"] - before["prefilled_tokens"] == len(p) + 3
-    assert hf_engine._stats["prefill_forwards"] - before["prefill_forwards"] == 2
+    assert hf_engine._runner.stats["prefilled_tokens"] - before["prefilled_tokens"] == len(p) + 3
+    assert hf_engine._runner.stats["prefill_forwards"] - before["prefill_forwards"] == 2
     assert sorted(c.cached_prompt_tokens for c in done) == [0, len(p) - 1, len(p) - 1, len(p) - 1]
     run(hf_engine.release([f"sib-t{i}" for i in range(4)]))
 
 
 def test_a_request_that_breaks_the_batched_prefill_fails_alone(hf_engine, monkeypatch):
-    prefill = hf_engine._prefill
+    prefill = hf_engine._runner.prefill
 
     def prefill_or_fail(items):
         if any(it.req.request_id == "breaks" for it in items):
             raise RuntimeError("a forward this request breaks")
         return prefill(items)
 
-    monkeypatch.setattr(hf_engine, "_prefill", prefill_or_fail)
+    monkeypatch.setattr(hf_engine._runner, "prefill", prefill_or_fail)
 
     async def go():
         sp = SamplingParams(max_tokens=3, seed=1)
@@ -515,7 +520,7 @@ def test_the_exponential_race_samples_exactly_and_keys_its_noise_by_token_id():
     """Each draw is a sample of ``probs``; and with the same generator seed a token meets the same
     noise whatever else the allowed list holds, so two nearly equal distributions over different
     lists pick alike (``torch.multinomial`` over the list's positions does not)."""
-    race = transformers_engine._exponential_race
+    race = transformers_sampler.exponential_race
     probs = torch.tensor([0.5, 0.3, 0.2])
     allowed = torch.tensor([7, 3, 11])
     picks = [race(probs, allowed, 16, torch.Generator().manual_seed(s)) for s in range(4000)]
