@@ -1,27 +1,35 @@
 """ALFWorld episodes on the real text engine: offline game generator, official data, Ray EnvPool
 (which serves other kinds of text game too, see ``GameKind``).
 
-Usable on its own: nothing here imports ``selective_rollout``.
+Usable on its own: nothing here imports ``selective_rollout``. The names below load on first use
+(PEP 562), so reading the presets (``alfworld_env.presets``) imports neither the engine nor Ray.
 """
 
-from alfworld_env.errors import GameError
-from alfworld_env.games import GameInfo, ensure_games, load_games, load_generated
-from alfworld_env.observation import Observation
-from alfworld_env.pool import AlfworldGames, EnvPool, EpisodeState, GameKind, Playable
-from alfworld_env.scenario import PRESETS, TASK_TYPES
+from __future__ import annotations
 
-__all__ = [
-    "PRESETS",
-    "TASK_TYPES",
-    "AlfworldGames",
-    "EnvPool",
-    "EpisodeState",
-    "GameError",
-    "GameInfo",
-    "GameKind",
-    "Observation",
-    "Playable",
-    "ensure_games",
-    "load_games",
-    "load_generated",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "GameError": "alfworld_env.errors",
+    "GameInfo": "alfworld_env.games",
+    "ensure_games": "alfworld_env.games",
+    "load_games": "alfworld_env.games",
+    "load_generated": "alfworld_env.games",
+    "Observation": "alfworld_env.observation",
+    "AlfworldGames": "alfworld_env.pool",
+    "EnvPool": "alfworld_env.pool",
+    "EpisodeState": "alfworld_env.pool",
+    "GameKind": "alfworld_env.pool",
+    "Playable": "alfworld_env.pool",
+    "PRESETS": "alfworld_env.presets",
+    "TASK_TYPES": "alfworld_env.presets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from alfworld_env.generate import SPLITS, generate, preset_of
+from alfworld_env.generate import SPLITS, generate
+from alfworld_env.presets import preset_of
 
 
 @dataclass(frozen=True)

@@ -13,25 +13,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from alfworld_env.presets import PRESETS, TASK_TYPES, preset_of
 from alfworld_env.problem import game_json, task_text, write_game
-from alfworld_env.scenario import PRESETS, TASK_TYPES, sample_scenario
+from alfworld_env.scenario import sample_scenario
 from alfworld_env.solver import Unsolvable, solve
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 MAX_ATTEMPTS = 20
-
-
-def preset_of(preset: str, index: int) -> str:
-    """The preset of game ``index`` in a set named ``preset``: one preset (``tiny``), or a mix
-    (``tiny+small``) dealt in blocks of six games, one of each task type, so that every task type
-    comes in every preset of the mix."""
-    parts = preset.split("+")
-    unknown = [p for p in parts if p not in PRESETS]
-    if unknown or not parts:
-        raise ValueError(
-            f"unknown preset {preset!r}; expected one of {sorted(PRESETS)} or a mix like tiny+small"
-        )
-    return parts[(index // len(TASK_TYPES)) % len(parts)]
 
 
 def generate_game(out: Path, split: str, index: int, seed: int, preset: str) -> Path:

@@ -1,4 +1,4 @@
-"""The package's layers (DESIGN.md 2.1.1): every import inside ``selective_rollout`` points down or
+"""The package's layers (docs/design.md): every import inside ``selective_rollout`` points down or
 sideways, never up, so that the gate library, the records and the environments stay usable without
 the coordinator, the learner or the driver.
 
@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "selective_rollout"
 FLOORS = {
     "records": 1,
     "registry": 1,
+    "plugins": 1,
     "stats": 1,
     "models": 1,
     "placement": 1,
@@ -40,16 +41,6 @@ FLOORS = {
     "reporting.report": 3,
     "train": 4,
     "experiment": 5,
-}
-
-# Deferred lookups of a registry that lives higher up, made only when a config is validated
-# (config/trainer.py, config/rollout.py say why): the registries own their parameters, and the
-# config floor reads them without importing the heavy modules at package import.
-ALLOWED_UPWARD = {
-    ("config.engine", "rollout.engines"),
-    ("config.rollout", "rollout.strategies"),
-    ("config.trainer", "trainer.losses"),
-    ("config.reference", "trainer.losses"),
 }
 
 
@@ -101,8 +92,6 @@ def upward_imports() -> list[str]:
         for target, line in imported_modules(path):
             if floor_of(target) <= own:
                 continue
-            if (importer, target) in ALLOWED_UPWARD:
-                continue
             rel = path.relative_to(PACKAGE.parent)
             bad.append(
                 f"{rel}:{line}: floor {own} imports selective_rollout.{target} (floor {floor_of(target)})"
@@ -118,6 +107,59 @@ def test_every_module_has_a_floor():
 
 def test_imports_only_point_down():
     assert upward_imports() == []
+
+
+def import_cycles() -> list[list[str]]:
+    """Modules of the package that import each other in a loop (deferred and type-only imports
+    included): the strongly connected components of the import graph with more than one module."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = module_name(path)
+        if importer:
+            graph[importer] = {target for target, _ in imported_modules(path) if target != importer}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_cycles() == []
+
+
+def test_an_import_cycle_is_caught(tmp_path, monkeypatch):
+    fake = tmp_path / "selective_rollout"
+    (fake / "gate").mkdir(parents=True)
+    (fake / "gate" / "a.py").write_text("from selective_rollout.gate import b\n")
+    (fake / "gate" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import selective_rollout.gate.a\n"
+    )
+    monkeypatch.setattr(f"{__name__}.PACKAGE", fake)
+    assert import_cycles() == [["gate.a", "gate.b"]]
 
 
 def test_an_upward_import_is_caught(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ def _section_keys(section: str) -> list[str]:
         return []
     keys = list(model.model_fields)
     if issubclass(model, EntrySection):
-        keys += [key for entry in model.entries() for key in model.own_params(entry)]
+        keys += [key for entry in model.names() for key in model.own_params(entry)]
     return keys
 
 
@@ -79,10 +79,9 @@ def _drop_replaced_entry_keys(base: Any, overrides: Any) -> None:
             continue
         default = section.model_fields[section.selector].default
         old, new = old_section.get(section.selector, default), new_section.get(section.selector)
-        entries = section.entries()
-        if new is None or new == old or old not in entries:
+        if new is None or new == old or not section.selectable(old):
             continue
-        keep = section.own_params(new) if new in entries else {}
+        keep = section.own_params(new) if section.selectable(new) else {}
         for key in set(section.own_params(old)) - set(keep):
             old_section.pop(key, None)
 

@@ -6,27 +6,17 @@ dtype) and, as flat keys, the selected back-end's own parameters (``engine.threa
 needs no change here.
 """
 
-from collections.abc import Mapping
-from types import ModuleType
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from selective_rollout.config.base import EntrySection
+from selective_rollout.plugins import BACKENDS
+from selective_rollout.registry import Registry
 
 # Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
 MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
-
-
-def _engines() -> ModuleType:
-    """The back-end registry. It lives with the engines in rollout/ (above config), so
-    config reads it when a config is validated, never when it is imported. A back-end's module is
-    imported only when its parameters are needed (it is selected, or a key of it is misplaced);
-    none imports its generation library (vLLM) at module level, so this works on CPU machines."""
-    from selective_rollout.rollout import engines
-
-    return engines
 
 
 class EngineConfig(EntrySection):
@@ -35,7 +25,7 @@ class EngineConfig(EntrySection):
     Besides the keys below, the selected back-end's own parameters are keys of this section."""
 
     selector = "backend"
-    kind = "back-end"
+    registry: ClassVar[Registry] = BACKENDS
 
     backend: str = Field(
         "transformers",
@@ -61,10 +51,6 @@ class EngineConfig(EntrySection):
         ge=0.0,
         description="0 on CPU; vLLM on GPUs: engine.tensor_parallel_size (a share of one GPU when that is 1)",
     )
-
-    @classmethod
-    def entries(cls) -> Mapping[str, Any]:
-        return _engines().ENGINE_CLASSES
 
     @field_validator("temperature")
     @classmethod

@@ -4,21 +4,21 @@ many env workers.
 The section holds what every environment shares (``name``, the games folder and set sizes, the
 workers) and, as flat keys, the parameters of the selected environment (``env.preset=medium``
 for ALFWorld, ``env.level=hard`` for TextWorld Cooking), declared by the environment's own
-``Params`` model in the registry: a new environment needs no change here.
+``Params`` model (read through ``plugins.ENVS``): a new environment needs no change here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import ClassVar
 
 from pydantic import Field
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.envs import ENVS, env_class  # the package registers the shipped environments
+from selective_rollout.envs.base import Environment, EnvParams
+from selective_rollout.plugins import ENVS
+from selective_rollout.registry import Registry
 
-if TYPE_CHECKING:
-    from selective_rollout.envs.base import Environment
+_SHARED = EnvParams.model_fields
 
 
 class EnvConfig(EntrySection):
@@ -29,32 +29,22 @@ class EnvConfig(EntrySection):
     """
 
     selector = "name"
-    kind = "environment"
+    registry: ClassVar[Registry] = ENVS
 
     name: str = Field(
         "alfworld",
         description="a registered environment: alfworld (ALFWorld households), tw-cooking (TextWorld "
         "Cooking), or your own (docs/environment.md); its own keys are listed below",
     )
-    games_dir: str | None = Field(
-        None,
-        description="games root; unset: the environment's own folder (data/games/<preset> for alfworld, "
-        "data/games/tw-cooking-<level> for tw-cooking), where missing games are generated; elsewhere "
-        "only with env.generate",
-    )
-    generate: bool = Field(
-        False, description="generate missing games into a games_dir other than the environment's own folder"
-    )
-    games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
-    n_train: int = Field(60, ge=1, description="generated train games")
-    n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
-    num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
-
-    @classmethod
-    def entries(cls) -> Mapping[str, Any]:
-        return ENVS
+    # the shared parameters, declared once by the environment seam
+    games_dir: str | None = _SHARED["games_dir"]
+    generate: bool = _SHARED["generate"]
+    games_seed: int = _SHARED["games_seed"]
+    n_train: int = _SHARED["n_train"]
+    n_valid: int = _SHARED["n_valid"]
+    num_workers: int = _SHARED["num_workers"]
 
     def build(self) -> Environment:
         """The selected environment, bound to this section (what the coordinator, the task
         source and the warm start use)."""
-        return env_class(self.name)(self)
+        return ENVS.build(self.name, self)

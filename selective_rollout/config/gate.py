@@ -2,20 +2,22 @@
 
 The section holds what every gate shares (``name``, ``k``, ``mode``) and, as flat keys, the
 parameters of the selected gate (``gate.tau=0.1``). Those are declared by the gate itself (its
-``Params`` model in the gate registry), so a new gate needs no change here: ``EntrySection``
-checks the keys against the registry and validates them with the gate's own model.
+``Params`` model, read through ``plugins.GATES``), so a new gate needs no change here:
+``EntrySection`` checks the keys against the registry and validates them with the gate's own
+model, without building the gate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.gate.base import GATES, Gate, GateParams, Mode, build_gate
+from selective_rollout.gate.base import Gate, GateParams, Mode
+from selective_rollout.plugins import GATES
+from selective_rollout.registry import Registry
 
 
 class GateConfig(EntrySection):
@@ -26,7 +28,7 @@ class GateConfig(EntrySection):
     """
 
     selector = "name"
-    kind = "gate"
+    registry: ClassVar[Registry] = GATES
 
     name: str = Field(
         "prefix_edit",
@@ -55,25 +57,18 @@ class GateConfig(EntrySection):
             raise ValueError(f"no such rollouts log: {', '.join(missing)}")
         return paths
 
-    @model_validator(mode="after")
-    def _builds(self) -> GateConfig:
-        """Build the gate once, so that what only the shared and own keys together decide (steps
-        against k; a learned gate's model file against k) is a config error at load, not a
-        failure of the coordinator later."""
-        self.build()
-        return self
-
     @classmethod
-    def entries(cls) -> Mapping[str, Any]:
+    def selectable(cls, name: str) -> bool:
         """The gates a run can use: those that need final rewards are for offline evaluation."""
-        return {name: gate for name, gate in GATES.items() if not gate.offline_only}
+        return name in GATES and not GATES.get(name).offline_only
 
     @classmethod
     def unknown(cls, name: str) -> str:
         if name in GATES:
-            return f"gate {name!r} needs final rewards (offline only); use one of {sorted(cls.entries())}"
+            return f"gate {name!r} needs final rewards (offline only); use one of {cls.names()}"
         return super().unknown(name)
 
     def build(self) -> Gate:
-        """The selected gate with the shared parameters and its own (what the coordinator runs)."""
-        return build_gate(self.name, k=self.k, mode=self.mode, steps=self.steps, **(self.model_extra or {}))
+        """The selected gate with the shared parameters and its own (what the coordinator runs,
+        built once there; the config only validates the parameters)."""
+        return GATES.build(self.name, self)

@@ -17,6 +17,7 @@ from pydantic.fields import FieldInfo
 from selective_rollout.config.base import EntrySection
 from selective_rollout.config.schema import RunConfig
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.plugins import LOSS_REGISTRIES
 
 INTRO = """# Configuration reference
 
@@ -79,23 +80,20 @@ def _selected_entry_rows(section: type[EntrySection], prefix: str) -> list[str]:
     parameters, read from its ``Params`` model (flat keys of the section, accepted only with that
     entry selected). The registries above config are read when this runs, as validation does."""
     out = []
-    entries = section.entries()
-    for name in sorted(entries):
-        doc, fields = entries[name].__doc__, section.own_params(name)
+    for name in section.names():
+        doc, fields = section.registry.get(name).__doc__, section.own_params(name)
         out += _entry_rows(f"{prefix}{section.selector}: {name}", doc, fields, prefix)
     return out
 
 
 def _loss_rows(prefix: str) -> list[str]:
-    """Each registered policy loss, aggregation and KL estimator with its parameters (flat keys of
-    the trainer section). The registries live in the trainer (above config); this generator of the docs
-    reads them when it runs, as config validation does."""
-    from selective_rollout.trainer.losses import REGISTRIES
-
+    """Each registered policy loss, aggregation, KL estimator and advantage estimator with its
+    parameters (flat keys of the trainer section); its description is its class's docstring."""
     out = []
-    for key, registry in REGISTRIES.items():
-        for name, entry in sorted(registry.entries.items()):
-            out += _entry_rows(f"{prefix}{key}: {name}", entry.__doc__, entry.model_fields, prefix)
+    for key, registry in LOSS_REGISTRIES.items():
+        for name in sorted(registry):
+            fields = registry.params(name).model_fields
+            out += _entry_rows(f"{prefix}{key}: {name}", registry.get(name).__doc__, fields, prefix)
     return out
 
 

@@ -1,26 +1,17 @@
 """Config of the GroupCoordinator (selective_rollout.rollout.coordinator).
 
-``rollout.strategy`` names an entry of the strategy registry (selective_rollout.rollout.strategies)
+``rollout.strategy`` names an entry of the strategy registry (``plugins.STRATEGIES``)
 and the selected strategy's own parameters are flat keys of this section (``rollout.preskip_window``),
 declared by the strategy's ``Params``, so a new strategy needs no change here.
 """
 
-from collections.abc import Mapping
-from types import ModuleType
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from selective_rollout.config.base import EntrySection
-
-
-def _strategies() -> ModuleType:
-    """The strategy registry. It lives with the strategies in rollout/ (above config),
-    next to the classes the coordinator runs, so config reads it when a config is validated,
-    never when it is imported; the module imports only pydantic."""
-    from selective_rollout.rollout import strategies
-
-    return strategies
+from selective_rollout.plugins import STRATEGIES
+from selective_rollout.registry import Registry
 
 
 class RolloutConfig(EntrySection):
@@ -29,7 +20,7 @@ class RolloutConfig(EntrySection):
     Besides the keys below, the selected strategy's own parameters are keys of this section."""
 
     selector = "strategy"
-    kind = "strategy"
+    registry: ClassVar[Registry] = STRATEGIES
 
     strategy: str = Field(
         "selective",
@@ -71,11 +62,7 @@ class RolloutConfig(EntrySection):
         600.0, gt=0, description="with every engine dead, how long to wait for the driver's replacement"
     )
 
-    @classmethod
-    def entries(cls) -> Mapping[str, Any]:
-        return _strategies().STRATEGIES
-
     @property
     def uses_gate(self) -> bool:
         """Whether the selected strategy consults the gate (so the gate's settings matter)."""
-        return self.entries()[self.strategy].uses_gate
+        return bool(STRATEGIES.get(self.strategy).uses_gate)

@@ -1,19 +1,47 @@
 """Config of the learner (selective_rollout.trainer): GRPO objective, DeepSpeed, LoRA, sync, checkpoints."""
 
-from types import ModuleType
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from selective_rollout.config.base import Section
+from selective_rollout.plugins import LOSS_REGISTRIES
 
 
-def _losses() -> ModuleType:
-    """The trainer's loss registries. Config sits below the trainer, so it reads
-    them when a config is validated, never when it is imported; the package needs only torch."""
-    from selective_rollout.trainer import losses
+def loss_parameters() -> dict[str, FieldInfo]:
+    """Every registered loss component's parameters by name (read from their ``Params`` models,
+    without importing torch). Keys are flat, so two components may share a name only with the
+    same declaration."""
+    out: dict[str, FieldInfo] = {}
+    owner: dict[str, str] = {}
+    for registry in LOSS_REGISTRIES.values():
+        for name in registry:
+            for key, field in registry.params(name).model_fields.items():
+                if key in out and repr(out[key]) != repr(field):
+                    raise ValueError(
+                        f"parameter {key!r} is declared differently by {owner[key]} "
+                        f"and {registry.kind} {name!r}"
+                    )
+                out[key], owner[key] = field, f"{registry.kind} {name!r}"
+    return out
 
-    return losses
+
+def _loss_parameters_model() -> type[BaseModel]:
+    """A strict model of all loss parameters with their defaults: validating the ``trainer.*`` keys
+    the section does not declare with it refuses the unknown ones by name."""
+    fields = {key: (field.annotation, field) for key, field in loss_parameters().items()}
+    return create_model(  # type: ignore[call-overload]
+        "LossParameters", __config__=ConfigDict(extra="forbid"), **fields
+    )
 
 
 class LoraConfig(Section):
@@ -31,13 +59,13 @@ class TrainerConfig(Section):
     """The learner: GRPO objective, optimiser, DeepSpeed, LoRA, weight sync, checkpoints.
 
     Besides the keys declared here, the parameters of the registered policy losses, aggregations,
-    KL estimators and advantage estimators (selective_rollout.trainer.losses) are keys of this
+    KL estimators and advantage estimators (``selective_rollout.plugins``) are keys of this
     section, e.g. ppo_clip's ``clip_low`` and ``clip_high``, grpo's ``advantage_eps``; any other key
     is refused."""
 
     model_config = ConfigDict(extra="allow")  # only the loss parameters, checked by _loss_parameters
 
-    # policy objective: each name is an entry of its registry in selective_rollout.trainer.losses
+    # policy objective: each name is an entry of its registry in selective_rollout.plugins
     advantage: str = Field(
         "grpo", description="group-relative advantage estimator: grpo, drgrpo (trainer/losses/advantage.py)"
     )
@@ -109,12 +137,14 @@ class TrainerConfig(Section):
             return data
         declared = {key: value for key, value in data.items() if key in cls.model_fields}
         given = {key: value for key, value in data.items() if key not in cls.model_fields}
-        return {**declared, **_losses().parameters_model().model_validate(given).model_dump()}
+        return {**declared, **_loss_parameters_model().model_validate(given).model_dump()}
 
     @field_validator("advantage", "policy_loss", "loss_agg", "kl_estimator")
     @classmethod
     def _registered(cls, value: str, info: ValidationInfo) -> str:
-        _losses().REGISTRIES[info.field_name].get(value)
+        registry = LOSS_REGISTRIES[info.field_name]
+        if value not in registry:
+            raise ValueError(registry.unknown(value))
         return value
 
     @field_validator("adam_betas")

@@ -1,12 +1,11 @@
-"""Environments behind one seam: the interface, the registry and its entries.
+"""Environments behind one seam: the interface here, the entries in modules of their own.
 
-``env.name`` selects an entry; ``build_env(cfg.env)`` gives the run's ``Environment``. A new
-environment is one module with ``@register_env("name")``, imported here (docs/environment.md).
+``env.name`` selects an entry of ``plugins.ENVS``; ``cfg.env.build()`` gives the run's
+``Environment``. A new environment is one module plus one line in ``selective_rollout/plugins.py``
+(docs/environment.md). Importing this package imports no environment.
 """
 
-from selective_rollout.envs import alfworld, tw_cooking
 from selective_rollout.envs.base import (
-    ENVS,
     Environment,
     EnvParams,
     EnvPool,
@@ -14,9 +13,11 @@ from selective_rollout.envs.base import (
     EpisodeState,
     Observation,
     PromptText,
-    env_class,
-    register_env,
 )
+from selective_rollout.plugins import ENVS
+
+# class decorator for an environment defined in code that runs anyway (a test, a notebook)
+register_env = ENVS.register
 
 __all__ = [
     "ENVS",
@@ -27,8 +28,5 @@ __all__ = [
     "EpisodeState",
     "Observation",
     "PromptText",
-    "alfworld",
-    "env_class",
     "register_env",
-    "tw_cooking",
 ]

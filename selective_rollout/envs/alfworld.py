@@ -20,7 +20,6 @@ from selective_rollout.envs.base import (
     Episode,
     Observation,
     PromptText,
-    register_env,
 )
 from selective_rollout.records import Task
 
@@ -44,13 +43,12 @@ class AlfworldParams(EnvParams):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str) -> str:
-        from alfworld_env.generate import preset_of  # the generator owns the presets
+        from alfworld_env.presets import preset_of  # plain data: no engine, no Ray
 
         preset_of(value, 0)  # raises ValueError naming the known presets
         return value
 
 
-@register_env("alfworld")
 class Alfworld(Environment):
     """ALFWorld household tasks on the real ALFWorld engine (generated games or the official data)."""
 
@@ -67,24 +65,24 @@ class Alfworld(Environment):
     def tasks(self, split: str) -> list[Task]:
         from alfworld_env import ensure_games, load_games, load_generated
 
-        cfg, p = self.cfg, self.params
+        p = self.params
         if p.source == "official":
             games = load_games(self.games_dir, split, source="official")
         else:
             if self.may_generate():
                 if not (self.games_dir / split).is_dir():
                     log.warning(
-                        "generating the %s games (seed %d) into %s", p.preset, cfg.games_seed, self.games_dir
+                        "generating the %s games (seed %d) into %s", p.preset, p.games_seed, self.games_dir
                     )
                 ensure_games(
                     self.games_dir,
                     preset=p.preset,
-                    n_train=cfg.n_train,
-                    n_valid=cfg.n_valid,
-                    seed=cfg.games_seed,
+                    n_train=p.n_train,
+                    n_valid=p.n_valid,
+                    seed=p.games_seed,
                 )
-            n = cfg.n_train if split == "train" else cfg.n_valid
-            games = load_generated(self.games_dir, split, p.preset, cfg.games_seed, n)
+            n = p.n_train if split == "train" else p.n_valid
+            games = load_generated(self.games_dir, split, p.preset, p.games_seed, n)
         return [Task(g.game_dir, g.task_id, g.task_type) for g in games]
 
     def cache_key(self) -> list[Any]:
@@ -93,7 +91,7 @@ class Alfworld(Environment):
     def pool(self, worker_options: dict[str, Any] | None = None) -> EnvPool:
         from alfworld_env import EnvPool as AlfworldPool
 
-        return AlfworldPool(self.cfg.num_workers, worker_options)
+        return AlfworldPool(self.params.num_workers, worker_options)
 
     def episode(self, game_dir: str) -> Episode:
         from alfworld_env.engine import Episode as AlfworldEpisode

@@ -1,6 +1,7 @@
 """The environment seam: what the trainer needs from an environment, and the registry of them.
 
-An environment is one module plus ``@register_env("name")``: it supplies its task source (train
+An environment is one module plus one line in ``selective_rollout/plugins.py`` (or an entry point
+of the group "selective_rollout.envs" in a package of yours): it supplies its task source (train
 and evaluation splits, generating missing games), its episode pool (Ray actors), its prompt
 wording, its reward rule and what the warm start needs (walkthroughs and an in-process episode to
 replay them). The run config selects one with ``env.name``; the entry's own parameters are flat
@@ -16,16 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ConfigDict, Field
 
 from selective_rollout.records import Task
-from selective_rollout.registry import registrar
-
-if TYPE_CHECKING:
-    from selective_rollout.config.env import EnvConfig
 
 
 class EpisodeState(Protocol):
@@ -95,16 +91,32 @@ class PromptText:
 
 
 class EnvParams(BaseModel):
-    """Base of an environment's own parameters (flat keys of the ``env`` section)."""
+    """What every environment is built with: the shared keys of the ``env`` section, declared here
+    once (the section borrows them). An environment's own parameters extend this model
+    (``class Params(EnvParams)``) and become flat keys of the section too."""
 
     model_config = ConfigDict(extra="forbid")
+
+    games_dir: str | None = Field(
+        None,
+        description="games root; unset: the environment's own folder (data/games/<preset> for alfworld, "
+        "data/games/tw-cooking-<level> for tw-cooking), where missing games are generated; elsewhere "
+        "only with env.generate",
+    )
+    generate: bool = Field(
+        False, description="generate missing games into a games_dir other than the environment's own folder"
+    )
+    games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
+    n_train: int = Field(60, ge=1, description="generated train games")
+    n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
+    num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
 
 
 class Environment:
     """Interface; one instance per process that needs it, built from the run's ``env`` section.
 
-    ``Params`` declares the environment's own parameters; ``self.params`` holds their values and
-    ``self.cfg`` the shared keys (games_dir, generate, games_seed, n_train, n_valid, num_workers).
+    ``Params`` declares the environment's parameters (the shared keys of ``EnvParams`` and its
+    own); ``self.params`` holds their values (``ENVS.build(name, section)``).
     """
 
     name: ClassVar[str] = "environment"
@@ -112,13 +124,8 @@ class Environment:
     prompt: ClassVar[PromptText]
     splits: ClassVar[tuple[str, ...]] = ("train", "valid_seen", "valid_unseen")
 
-    def __init__(self, cfg: EnvConfig) -> None:
-        self.cfg = cfg
-        self.params = self.Params.model_validate(cfg.model_extra or {})
-
-    @classmethod
-    def own_params(cls) -> dict[str, FieldInfo]:
-        return dict(cls.Params.model_fields)
+    def __init__(self, params: EnvParams | None = None) -> None:
+        self.params = params if params is not None else self.Params()
 
     # ---------------------------------------------------------------- tasks
     def default_games_dir(self) -> str:
@@ -128,7 +135,7 @@ class Environment:
 
     @property
     def games_dir(self) -> Path:
-        return Path(self.cfg.games_dir or self.default_games_dir())
+        return Path(self.params.games_dir or self.default_games_dir())
 
     def tasks(self, split: str) -> list[Task]:
         """Every task of ``split`` the config names, in a fixed order (generated when missing
@@ -138,7 +145,7 @@ class Environment:
     def may_generate(self) -> bool:
         """Missing games are made only in the default folder or on request, so that a mistyped
         ``env.games_dir`` never trains on a fresh set."""
-        return self.cfg.generate or self.games_dir == Path(self.default_games_dir())
+        return self.params.generate or self.games_dir == Path(self.default_games_dir())
 
     def cache_key(self) -> list[Any]:
         """What identifies the game set, for caches built from it (the warm start)."""
@@ -172,18 +179,3 @@ class Environment:
     def task_of(self, first: Observation) -> str:
         """The task sentence of an in-process episode's first observation."""
         raise NotImplementedError
-
-
-ENVS: dict[str, type[Environment]] = {}
-
-
-# class decorator: make the environment selectable as ``env.name: <name>``
-register_env = registrar(ENVS, "environment", EnvParams)
-
-
-def env_class(name: str) -> type[Environment]:
-    """The environment registered under ``name``, with a clear error naming the known ones."""
-    try:
-        return ENVS[name]
-    except KeyError:
-        raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(ENVS))}") from None

@@ -4,8 +4,8 @@ Every gate answers ``decide(group) -> GateDecision`` and says, through ``should_
 at which steps it wants to be asked, so the coordinator never needs to know which gate it runs.
 A gate that learns from finished groups (history, audits) overrides ``observe(record)``, which
 the coordinator calls with every finished group, and may report its state through ``metrics()``.
-A new gate is one class with ``@register_gate("name")`` and, if it has parameters of its own, a
-``Params`` model next to it (docs/gate.md).
+A new gate is one class in a file of its own, with a ``Params`` model next to it if it has
+parameters of its own, plus one line in ``selective_rollout/plugins.py`` (docs/gate.md).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pydantic.fields import FieldInfo
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
+from selective_rollout.plugins import GATES
 from selective_rollout.records import GroupRecord, rewards_equal
-from selective_rollout.registry import registrar
 
 Mode = Literal["at_k", "from_k"]
 
@@ -97,31 +97,27 @@ class GateParams(BaseModel):
         return self
 
 
-GATES: dict[str, type[Gate]] = {}
-
-
-def _check_gate(name: str, cls: type[Gate]) -> None:
+def check_gate(name: str, cls: type[Gate]) -> None:
+    """A gate's own refusals at registration (``plugins.GATES`` runs it on load)."""
     if "name" in cls.Params.model_fields:
         raise TypeError(f"gate {name!r}: a parameter cannot be called 'name' (the gate's registry name)")
     if cls.threshold is not None and cls.threshold not in cls.own_params():
         raise TypeError(f"gate {name!r}: threshold {cls.threshold!r} is not one of its own parameters")
 
 
-# class decorator: make the gate buildable by ``name`` (from the run config and the sweep)
-register_gate = registrar(GATES, "gate", GateParams, _check_gate)
+# class decorator for a gate defined in code that runs anyway (a shipped gate is a line in
+# selective_rollout/plugins.py, a third party's an entry point of the group "selective_rollout.gates")
+register_gate = GATES.register
 
 
 def gate_class(name: str) -> type[Gate]:
     """The gate class registered under ``name``, with a clear error for an unknown name."""
-    try:
-        return GATES[name]
-    except KeyError:
-        raise ValueError(f"unknown gate {name!r}; registered: {', '.join(sorted(GATES))}") from None
+    return GATES.get(name)
 
 
 def build_gate(name: str, **params: Any) -> Gate:
-    """Instantiate a registered gate by name with its parameters (validated by its ``Params``)."""
-    return gate_class(name)(**params)
+    """A registered gate by name with its parameters (validated by its ``Params``)."""
+    return GATES.build(name, params)
 
 
 def _bounds(info: FieldInfo) -> str:
@@ -181,9 +177,13 @@ class Gate:
     threshold: ClassVar[str | None] = None
     offline_only: ClassVar[bool] = False
 
-    def __init__(self, **params: Any) -> None:
+    def __init__(self, params: GateParams | None = None, **values: Any) -> None:
+        """Bound to ``params`` (its ``Params``, as ``GATES.build`` passes) or to keyword values."""
+        if isinstance(params, self.Params):
+            self.params = params
+            return
         try:
-            self.params = self.Params(**params)
+            self.params = self.Params.model_validate(params.model_dump() if params is not None else values)
         except ValidationError as exc:
             raise _params_error(self.name, self.Params, exc) from None
 
@@ -230,7 +230,6 @@ class Gate:
         return None
 
 
-@register_gate("none")
 class NoGate(Gate):
     """Never stops a group; the ungated baseline."""
 
@@ -241,7 +240,6 @@ class NoGate(Gate):
         return GateDecision(False, "no gate")
 
 
-@register_gate("oracle")
 class OracleGate(Gate):
     """Stops exactly the zero-variance groups at K; needs final rewards, so evaluation only."""
 

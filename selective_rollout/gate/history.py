@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
 from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.snapshot import whole_distance
 from selective_rollout.records import GroupRecord
@@ -108,7 +108,6 @@ class HistoryParams(GateParams):
         return self
 
 
-@register_gate("history")
 class HistoryGate(Gate):
     """The task's last group with known rewards as a prior: after a zero-variance one a looser
     D_K threshold (or D_K no higher than then), after a mixed one a tighter one; a task never seen
@@ -118,8 +117,8 @@ class HistoryGate(Gate):
     threshold = "tau_after_zero"
     params: HistoryParams
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
+    def __init__(self, params: GateParams | None = None, **values: Any) -> None:
+        super().__init__(params, **values)
         self.known: dict[str, Known] = {}
         self.by_type: dict[str, deque[bool]] = {}  # per task type: its last known outcomes (zero variance?)
         self.asked = 0

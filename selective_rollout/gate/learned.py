@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
 from selective_rollout.gate.calibration import meets
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.snapshot import labelled, live_after, state_at
@@ -265,12 +265,40 @@ class LearnedParams(GateParams):
     model_path: str | None = Field(
         None, description="the model file written by python -m selective_rollout.gate.offline.fit (required)"
     )
+
     p_stop: float | None = Field(
         None, ge=0.0, le=1.0, description="stop when P(zero variance) >= this; unset: the file's threshold"
     )
 
+    _model: LearnedModel | None = PrivateAttr(None)
 
-@register_gate("learned")
+    @model_validator(mode="after")
+    def _model_fits_the_schedule(self) -> LearnedParams:
+        """The model file is read once, here, so that a missing, damaged or differently fit file is
+        one config error at load; the gate uses the model read (``model``)."""
+        if self.model_path is None:
+            raise ValueError(
+                "gate 'learned' needs model_path, the file "
+                "python -m selective_rollout.gate.offline.fit writes"
+            )
+        model = LearnedModel.load(self.model_path)
+        schedule, fitted = [self.k, *self.steps], [model.k, *model.steps]
+        if self.mode != "at_k" or schedule != fitted:
+            raise ValueError(
+                f"the learned gate model {self.model_path} was fit at k={model.k} "
+                f"steps={model.steps} (mode at_k), its threshold is for that schedule; set "
+                f"gate.k={model.k} gate.steps={model.steps} (this gate: k={self.k} "
+                f"steps={self.steps} mode={self.mode})"
+            )
+        self._model = model
+        return self
+
+    @property
+    def model(self) -> LearnedModel:
+        assert self._model is not None  # set by the validator
+        return self._model
+
+
 class LearnedGate(Gate):
     """A logistic model of P(zero variance) over the divergence features at the decision step (and
     the step), fit offline by ``python -m selective_rollout.gate.offline.fit``; stops when P >= its
@@ -280,22 +308,9 @@ class LearnedGate(Gate):
     threshold = "p_stop"
     params: LearnedParams
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        if self.params.model_path is None:
-            raise ValueError(
-                "gate 'learned' needs model_path, the file "
-                "python -m selective_rollout.gate.offline.fit writes"
-            )
-        self.model = LearnedModel.load(self.params.model_path)
-        schedule, fitted = self.decision_steps, [self.model.k, *self.model.steps]
-        if self.mode != "at_k" or schedule != fitted:
-            raise ValueError(
-                f"the learned gate model {self.params.model_path} was fit at k={self.model.k} "
-                f"steps={self.model.steps} (mode at_k), its threshold is for that schedule; set "
-                f"gate.k={self.model.k} gate.steps={self.model.steps} (this gate: k={self.k} "
-                f"steps={self.params.steps} mode={self.mode})"
-            )
+    def __init__(self, params: GateParams | None = None, **values: Any) -> None:
+        super().__init__(params, **values)
+        self.model = self.params.model
 
     @property
     def p_stop(self) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
 from selective_rollout.gate.snapshot import whole_distance
 from selective_rollout.records import GroupRecord
 from selective_rollout.stats import clopper_pearson
@@ -44,7 +44,6 @@ class PrecisionTargetParams(GateParams):
     tau_max: float = Field(0.5, ge=0.0, le=1.0, description="tau never exceeds this")
 
 
-@register_gate("precision_target")
 class PrecisionTargetGate(Gate):
     """The prefix_edit rule D_K < tau with tau set online from the run's labelled (audited and
     uncut) groups, the largest whose Clopper-Pearson lower bound of precision stays >= the target."""
@@ -52,8 +51,8 @@ class PrecisionTargetGate(Gate):
     Params = PrecisionTargetParams
     params: PrecisionTargetParams
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
+    def __init__(self, params: GateParams | None = None, **values: Any) -> None:
+        super().__init__(params, **values)
         if self.params.tau_start > self.params.tau_max:
             raise ValueError(
                 f"gate 'precision_target': tau_start {self.params.tau_start} > tau_max {self.params.tau_max}"

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState
 
 
 class PrefixEditParams(GateParams):
     tau: float = Field(0.12, ge=0.0, le=1.0, description="stop when D_K < tau (the paper: 0.12)")
 
 
-@register_gate("prefix_edit")
 class PrefixEditGate(Gate):
     """The paper's one-parameter gate: stop when D_K < tau."""
 

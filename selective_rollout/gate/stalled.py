@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
 from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.features import termination_frac
 from selective_rollout.records import GroupRecord
@@ -45,7 +45,6 @@ class StalledParams(GateParams):
     )
 
 
-@register_gate("stalled")
 class StalledGate(Gate):
     """Stop when no more than ``max_finished_frac`` of the G trajectories has finished by step K."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState
 from selective_rollout.gate.features import termination_frac
 
 
@@ -14,7 +14,6 @@ class TwoAxisParams(GateParams):
     t_high: float = Field(0.9, ge=0.0, le=1.0, description="or when the terminated fraction >= t_high")
 
 
-@register_gate("two_axis")
 class TwoAxisGate(Gate):
     """The paper trainer's OR rule: stop when D_K < d_low or termination fraction >= t_high."""
 

@@ -30,6 +30,7 @@ from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.gate import NoGate
 from selective_rollout.gate.audit import AuditBudget
 from selective_rollout.models import model_here
+from selective_rollout.plugins import STRATEGIES
 from selective_rollout.records import (
     Experience,
     GroupRecord,
@@ -43,7 +44,6 @@ from selective_rollout.records import (
 from selective_rollout.rollout.dialogue import GeneratedTurn
 from selective_rollout.rollout.engines import SamplingParams
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
-from selective_rollout.rollout.strategies import build_strategy
 
 if TYPE_CHECKING:
     from selective_rollout.rollout.agent import Agent
@@ -97,7 +97,7 @@ class GroupCoordinator:
         self.env = env_pool
         self.environment = cfg.env.build()
         self.agent = agent
-        self.strategy = build_strategy(self.rc, seed=cfg.seed)
+        self.strategy = STRATEGIES.build(self.rc.strategy, self.rc, seed=cfg.seed)
         self.gate = cfg.gate.build() if self.strategy.uses_gate else NoGate()
         self.writer = GroupWriter(Path(run_dir) / "rollouts.jsonl") if run_dir is not None else None
         # a gate with memory first learns the earlier runs it is given, then, in a resumed run,

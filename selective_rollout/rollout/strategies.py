@@ -6,25 +6,21 @@ in full (DAPO dynamic sampling); ``preskip`` skips tasks whose recent groups wer
 zero-variance (GRESO-style, with exploration); ``selective`` stops converged groups mid-trajectory
 with the gate; ``selective+dapo`` does both.
 
-A new strategy is one class with ``@register_strategy("name")`` and, if it has parameters, a
-``Params`` model next to it: they become flat keys of the ``rollout`` section (name them after the
-strategy, ``preskip_window``, since the section has keys of its own). This module imports nothing
-heavy, so config validation reads the registry without importing the coordinator (config sits
-below rollout/ and reads it only when a config is validated).
+A new strategy is one class and, if it has parameters, a ``Params`` model next to it, plus one line
+in ``selective_rollout/plugins.py`` (or an entry point of the group "selective_rollout.strategies"
+in a package of yours): the parameters become flat keys of the ``rollout`` section (name them after
+the strategy, ``preskip_window``, since the section has keys of its own). This module imports
+nothing heavy, so config validation reads a strategy's ``Params`` without importing the
+coordinator.
 """
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from selective_rollout.registry import registrar
-
-if TYPE_CHECKING:
-    from selective_rollout.config.rollout import RolloutConfig
 
 
 class StrategyParams(BaseModel):
@@ -45,8 +41,8 @@ class Strategy:
     uses_gate: ClassVar[bool] = False
     filters_zero_variance: ClassVar[bool] = False
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.params = self.Params(**params)
+    def __init__(self, params: StrategyParams | None = None, seed: int = 0) -> None:
+        self.params = params if params is not None else self.Params()
         self.seed = seed
 
     def admit(self, task_id: str) -> bool:
@@ -61,40 +57,22 @@ class Strategy:
         return not (self.filters_zero_variance and zero_variance)
 
 
-STRATEGIES: dict[str, type[Strategy]] = {}
-
-
-# class decorator: make the strategy selectable as ``rollout.strategy=name``
-register_strategy = registrar(STRATEGIES, "strategy", StrategyParams)
-
-
-def build_strategy(cfg: RolloutConfig, seed: int = 0) -> Strategy:
-    """The strategy ``cfg`` selects, with the parameters its ``Params`` declares read off ``cfg``
-    (what the coordinator runs)."""
-    cls = STRATEGIES[cfg.strategy]  # a name the config has checked against this registry
-    return cls(seed=seed, **dict(cfg.params_for(cls.Params)))
-
-
-@register_strategy("none")
 class NoFilter(Strategy):
     """Train on every group that finishes: GRPO as usual."""
 
 
-@register_strategy("dapo")
 class DapoFilter(Strategy):
     """Roll everything out, then drop zero-variance groups; the coordinator over-samples."""
 
     filters_zero_variance = True
 
 
-@register_strategy("selective")
 class Selective(Strategy):
     """Stop converged groups mid-trajectory (the gate); keep every group that finishes."""
 
     uses_gate = True
 
 
-@register_strategy("selective+dapo")
 class SelectiveDapo(Strategy):
     """The gate, then DAPO's filter on what the gate let through."""
 
@@ -111,7 +89,6 @@ class PreSkipParams(StrategyParams):
     )
 
 
-@register_strategy("preskip")
 class PreSkip(Strategy):
     """Skip a task when its last ``preskip_window`` groups were all zero-variance, except with
     probability ``preskip_explore`` (GRESO-style pre-rollout skipping: cheap, blind to this rollout)."""
@@ -119,8 +96,8 @@ class PreSkip(Strategy):
     Params = PreSkipParams
     params: PreSkipParams
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        super().__init__(seed, **params)
+    def __init__(self, params: PreSkipParams | None = None, seed: int = 0) -> None:
+        super().__init__(params, seed)
         window = self.params.preskip_window
         self._rng = random.Random(self.seed)
         self._history: dict[str, deque[bool]] = defaultdict(lambda: deque(maxlen=window))

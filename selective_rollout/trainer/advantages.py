@@ -1,7 +1,7 @@
 """One advantage per experience, by the group-relative estimator ``trainer.advantage`` names.
 
-The estimators are a registry of their own (``trainer/losses/advantage.py``); this module applies
-one within each group of a batch.
+The estimators are a registry of their own (``plugins.ADVANTAGES``); this module applies one
+within each group of a batch.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from selective_rollout.plugins import ADVANTAGES
 from selective_rollout.records import Experience
-from selective_rollout.trainer.losses.advantage import ADVANTAGES, AdvantageEstimator
+from selective_rollout.trainer.losses.advantage import AdvantageEstimator
 
 
 def compute_advantages(
@@ -24,7 +25,7 @@ def compute_advantages(
     Experiences of a group are the segments or trajectories the coordinator produced for one
     task; they need not be adjacent in ``batch``.
     """
-    fn = ADVANTAGES.get(estimator)() if isinstance(estimator, str) else estimator
+    fn = ADVANTAGES.build(estimator) if isinstance(estimator, str) else estimator
     by_group: dict[str, list[int]] = {}
     for i, exp in enumerate(batch):
         by_group.setdefault(exp.group_id, []).append(i)

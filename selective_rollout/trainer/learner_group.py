@@ -18,11 +18,11 @@ import ray
 from ray.exceptions import RayActorError
 
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.plugins import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.learner import LearnerWorker
-from selective_rollout.trainer.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.trainer.objective import ZERO_ADV
 from selective_rollout.trainer.packing import check_experience, plan_micro_batches
 from selective_rollout.weight_sync.collective import TensorSpec, call_off, sync_ranks

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.trainer.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from selective_rollout.plugins import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from selective_rollout.trainer.modeling import TokenLogprobs, token_logprobs
 from selective_rollout.trainer.packing import MicroBatch
 

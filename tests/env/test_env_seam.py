@@ -78,7 +78,7 @@ def toy_env():
     try:
         yield Toy
     finally:
-        ENVS.pop(TOY)
+        ENVS.remove(TOY)
 
 
 def test_config_selects_the_toy_and_validates_its_own_parameter(toy_env, tmp_path):

@@ -102,7 +102,7 @@ def test_registry_makes_a_new_gate_one_class():
         with pytest.raises(ValueError, match="registered twice"):
             register_gate("always_test_only")(Always)
     finally:
-        GATES.pop("always_test_only")
+        GATES.remove("always_test_only")
 
 
 def test_later_decision_steps_are_asked_too_and_checked() -> None:

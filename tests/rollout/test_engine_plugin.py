@@ -1,6 +1,6 @@
 """An engine back-end added from outside the library: one RolloutEngine subclass with its Params
-model and a register_backend entry; no change to the config schema or the configuration reference
-(DESIGN.md 2.1.1). Built as create_engines's actors build it, without Ray."""
+model and one registration; no change to the config schema or the configuration reference. Built
+as create_engines's actors build it, without Ray."""
 
 from __future__ import annotations
 
@@ -16,17 +16,16 @@ from pydantic import Field
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.config.reference import render
+from selective_rollout.plugins import BACKENDS
 from selective_rollout.rollout.engines import (
-    BACKENDS,
-    BackendParams,
     Completion,
     CompletionOutput,
     RolloutEngine,
     SamplingParams,
     check_backend_installed,
     engine_class,
-    register_backend,
 )
+from selective_rollout.rollout.engines.params import BackendParams
 from tests.rollout.test_strategy_plugin import assert_refused_in_one_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,11 +88,11 @@ class CannedEngine(RolloutEngine):
 
 @pytest.fixture
 def toy_backend():
-    register_backend(TOY, f"{__name__}:CannedEngine")
+    BACKENDS.add(TOY, f"{__name__}:CannedEngine")
     try:
         yield CannedEngine
     finally:
-        BACKENDS.pop(TOY)
+        BACKENDS.remove(TOY)
 
 
 def test_config_selects_the_toy_and_validates_its_own_parameter(toy_backend, tmp_path):
@@ -140,24 +139,22 @@ def test_the_engine_is_built_from_the_config_as_create_engines_builds_it(toy_bac
 
 
 def test_registration_refuses_a_name_twice_a_bad_target_and_a_missing_library(toy_backend):
-    with pytest.raises(ValueError, match=f"engine back-end '{TOY}' is registered twice"):
-        register_backend(TOY, f"{__name__}:CannedEngine")
+    with pytest.raises(ValueError, match=f"back-end '{TOY}' is registered twice"):
+        BACKENDS.add(TOY, f"{__name__}:CannedEngine")
     with pytest.raises(ValueError, match="target must be 'module:Class'"):
-        register_backend("dotted_test_only", f"{__name__}.CannedEngine")
-    register_backend(
-        "not_an_engine_test_only", f"{__name__}:CannedParams", requires="no_such_library_test_only"
-    )
+        BACKENDS.add("dotted_test_only", f"{__name__}.CannedEngine")
+    BACKENDS.add("not_an_engine_test_only", f"{__name__}:CannedParams", requires="no_such_library_test_only")
     try:
         with pytest.raises(TypeError, match="is not a RolloutEngine subclass"):
             engine_class("not_an_engine_test_only")
     finally:
-        BACKENDS.pop("not_an_engine_test_only")
-    register_backend("missing_test_only", f"{__name__}:CannedEngine", requires="no_such_library_test_only")
+        BACKENDS.remove("not_an_engine_test_only")
+    BACKENDS.add("missing_test_only", f"{__name__}:CannedEngine", requires="no_such_library_test_only")
     try:
         with pytest.raises(ValueError, match="no_such_library_test_only is not installed"):
             check_backend_installed("missing_test_only")
     finally:
-        BACKENDS.pop("missing_test_only")
+        BACKENDS.remove("missing_test_only")
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ def test_actor_generates_aborts_and_shuts_down(ray_cluster, smollm2_path):
 
 
 def test_unknown_backend_is_one_clear_error():
-    with pytest.raises(ValueError, match="unknown engine backend 'sglang'"):
+    with pytest.raises(ValueError, match="unknown back-end 'sglang'"):
         engine_class("sglang")
 
 

@@ -1,9 +1,7 @@
-"""A rollout strategy added from outside the library: one class, its Params model and the decorator;
-no change to the config schema, the coordinator or the configuration reference (DESIGN.md 2.1.1)."""
+"""A rollout strategy added from outside the library: one class, its Params model and one
+registration; no change to the config schema, the coordinator or the configuration reference."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
@@ -11,14 +9,9 @@ from pydantic import BaseModel, Field
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
 from selective_rollout.gate.base import NoGate
+from selective_rollout.plugins import STRATEGIES
 from selective_rollout.records import Outcome
-from selective_rollout.rollout.strategies import (
-    STRATEGIES,
-    Strategy,
-    StrategyParams,
-    build_strategy,
-    register_strategy,
-)
+from selective_rollout.rollout.strategies import Strategy, StrategyParams
 from tests.rollout.test_coordinator_unit import Coordinated, outcomes
 
 TOY = "keep_first_n_test_only"
@@ -34,8 +27,8 @@ class KeepFirstN(Strategy):
     Params = KeepFirstNParams
     params: KeepFirstNParams
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        super().__init__(seed, **params)
+    def __init__(self, params: KeepFirstNParams | None = None, seed: int = 0) -> None:
+        super().__init__(params, seed)
         self.admitted: list[str] = []
         self.observed: list[tuple[str, bool | None]] = []
         self.kept = 0
@@ -61,11 +54,11 @@ def assert_refused_in_one_line(overrides: list[str], match: str) -> None:
 
 @pytest.fixture
 def toy_strategy():
-    register_strategy(TOY)(KeepFirstN)
+    STRATEGIES.register(TOY)(KeepFirstN)
     try:
         yield KeepFirstN
     finally:
-        STRATEGIES.pop(TOY)
+        STRATEGIES.remove(TOY)
 
 
 def test_config_selects_the_toy_and_validates_its_own_parameter(toy_strategy, tmp_path):
@@ -74,7 +67,7 @@ def test_config_selects_the_toy_and_validates_its_own_parameter(toy_strategy, tm
     assert load_config(None, [f"rollout.strategy={TOY}"]).rollout.keep_first_n == 1  # its default
     dump_config(cfg, tmp_path / "resolved.yaml")
     assert load_config(tmp_path / "resolved.yaml") == cfg
-    strategy = build_strategy(cfg.rollout, seed=cfg.seed)
+    strategy = cfg.rollout.build(seed=cfg.seed)
     assert isinstance(strategy, KeepFirstN) and strategy.params.keep_first_n == 2
 
 
@@ -134,18 +127,18 @@ def test_a_gated_strategy_is_checked_against_the_gates_k_whatever_its_name(toy_s
     class GatedToy(KeepFirstN):
         uses_gate = True
 
-    register_strategy("gated_toy_test_only")(GatedToy)
+    STRATEGIES.register("gated_toy_test_only")(GatedToy)
     try:
         with pytest.raises(ConfigError, match="the gate would never look"):
             load_config(None, ["rollout.strategy=gated_toy_test_only", "gate.k=20", "rollout.max_steps=15"])
         load_config(None, [f"rollout.strategy={TOY}", "gate.k=20", "rollout.max_steps=15"])
     finally:
-        STRATEGIES.pop("gated_toy_test_only")
+        STRATEGIES.remove("gated_toy_test_only")
 
 
 def test_registration_refuses_a_name_twice_and_params_of_the_wrong_kind(toy_strategy):
     with pytest.raises(ValueError, match=f"strategy '{TOY}' is registered twice"):
-        register_strategy(TOY)(KeepFirstN)
+        STRATEGIES.register(TOY)(KeepFirstN)
 
     class Plain(BaseModel):
         x: int = 1
@@ -154,7 +147,7 @@ def test_registration_refuses_a_name_twice_and_params_of_the_wrong_kind(toy_stra
         Params = Plain  # type: ignore[assignment]
 
     with pytest.raises(TypeError, match="Params must subclass StrategyParams"):
-        register_strategy("loose_test_only")(Loose)
+        STRATEGIES.register("loose_test_only")(Loose)
     assert "loose_test_only" not in STRATEGIES
 
 

@@ -10,20 +10,10 @@ from pydantic import Field
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config import ConfigError, load_config
-from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.config.trainer import TrainerConfig, loss_parameters
+from selective_rollout.plugins import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSS_REGISTRIES, POLICY_LOSSES
 from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.losses import (
-    ADVANTAGES,
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    REGISTRIES,
-    AdvantageEstimator,
-    Aggregation,
-    PolicyLoss,
-    batch_denominator,
-    parameters,
-)
+from selective_rollout.trainer.losses import AdvantageEstimator, Aggregation, PolicyLoss, batch_denominator
 from selective_rollout.trainer.losses.policy import PPOClip
 from selective_rollout.trainer.modeling import token_logprobs
 from selective_rollout.trainer.objective import micro_batch_loss
@@ -35,8 +25,8 @@ from tests.trainer.conftest import assert_same_direction_and_size, make_batch
 def scratch_registries() -> Iterator[None]:
     """Registrations made inside vanish on exit: every registry works on a copy of its entries."""
     with pytest.MonkeyPatch.context() as mp:
-        for registry in REGISTRIES.values():
-            mp.setattr(registry, "entries", dict(registry.entries))
+        for registry in LOSS_REGISTRIES.values():
+            mp.setattr(registry, "_entries", dict(registry._entries))
         yield
 
 
@@ -71,8 +61,8 @@ def model(tiny_model_dir):
 
 def test_lookups_and_the_clear_error():
     assert POLICY_LOSSES.get("ppo_clip") is PPOClip
-    assert sorted(AGGREGATIONS.entries) == ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
-    assert sorted(KL_ESTIMATORS.entries) == ["k1", "k3"]
+    assert sorted(AGGREGATIONS) == ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
+    assert sorted(KL_ESTIMATORS) == ["k1", "k3"]
     with pytest.raises(ValueError, match=r"^unknown loss aggregation 'x'; known: seq-mean-token-mean, "):
         AGGREGATIONS.get("x")
     with pytest.raises(ValueError, match="policy loss 'ppo_clip' is registered twice"):
@@ -81,10 +71,10 @@ def test_lookups_and_the_clear_error():
 
 def test_the_config_defaults_are_registered_and_bind_their_parameters():
     cfg = TrainerConfig(clip_high=0.5)
-    for key, registry in REGISTRIES.items():
+    for key, registry in LOSS_REGISTRIES.items():
         registry.get(getattr(cfg, key))
     assert POLICY_LOSSES.build(cfg.policy_loss, cfg) == PPOClip(clip_low=0.2, clip_high=0.5)
-    assert {"clip_low", "clip_high"} <= set(parameters())
+    assert {"clip_low", "clip_high"} <= set(loss_parameters())
 
 
 def test_flat_parameter_keys_keep_working():
@@ -124,7 +114,7 @@ def test_a_parameter_name_declared_twice_differently_is_refused():
             clip_low: float = Field(0.5, description="toy: another clip_low")
 
         with pytest.raises(ValueError, match="'clip_low' is declared differently by policy loss 'ppo_clip'"):
-            parameters()
+            loss_parameters()
 
 
 def test_a_registered_toy_loss_is_selected_by_config_and_trains(model):
@@ -149,7 +139,7 @@ def test_a_registered_toy_loss_is_selected_by_config_and_trains(model):
     assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
     assert_same_direction_and_size(got, want)
     assert stats["clip_sum"] == 0.0
-    assert "toy_reinforce" not in POLICY_LOSSES.entries
+    assert "toy_reinforce" not in POLICY_LOSSES
     with pytest.raises(ConfigError, match=r"trainer\.reinforce_scale: unknown key"):
         load_config(None, ["trainer.reinforce_scale=2.0"])
 
@@ -165,7 +155,7 @@ def test_a_registered_toy_aggregation_is_selected_by_config(model):
         cfg = load_config(None, ["trainer.loss_agg=toy-token-sum"]).trainer
         total, _ = micro_batch_loss(model, mb, cfg, AGGREGATIONS.build(cfg.loss_agg, cfg).denominator(tokens))
     assert total.item() == pytest.approx(mean.item() * sum(tokens), rel=1e-9)
-    assert "toy-token-sum" not in AGGREGATIONS.entries
+    assert "toy-token-sum" not in AGGREGATIONS
 
 
 def register_rank_advantage() -> None:
@@ -193,6 +183,6 @@ def test_a_registered_toy_advantage_is_selected_by_config_and_trains(model):
     denom = batch_denominator(cfg.loss_agg, [e.num_policy_tokens for e in batch])
     loss, _ = micro_batch_loss(model, mb, cfg, denom)
     assert torch.isfinite(loss) and loss.item() != 0.0
-    assert "toy_rank" not in ADVANTAGES.entries
+    assert "toy_rank" not in ADVANTAGES
     with pytest.raises(ConfigError, match=r"trainer\.advantage: unknown advantage estimator 'toy_rank'"):
         load_config(None, ["trainer.advantage=toy_rank"])

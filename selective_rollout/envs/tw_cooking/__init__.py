@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from selective_rollout.envs import base as seam
-from selective_rollout.envs.base import Environment, EnvParams, PromptText, register_env
+from selective_rollout.envs.base import Environment, EnvParams, PromptText
 from selective_rollout.records import Task
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ class CookingParams(EnvParams):
         return value
 
 
-@register_env("tw-cooking")
 class TwCooking(Environment):
     """TextWorld Cooking: read the cookbook, gather, cut and cook the ingredients, prepare and eat
     the meal (real TextWorld engine, games generated offline by tw-make's generator)."""
@@ -52,18 +51,18 @@ class TwCooking(Environment):
     def tasks(self, split: str) -> list[Task]:
         from selective_rollout.envs.tw_cooking.games import ensure_games, load_tasks
 
-        cfg, level = self.cfg, self.params.level
+        p, level = self.params, self.params.level
         if self.may_generate():
             if not (self.games_dir / split).is_dir():
                 log.warning(
                     "generating the tw-cooking %s games (seed %d) into %s",
                     level,
-                    cfg.games_seed,
+                    p.games_seed,
                     self.games_dir,
                 )
-            ensure_games(self.games_dir, level, cfg.n_train, cfg.n_valid, cfg.games_seed)
-        n = cfg.n_train if split == "train" else cfg.n_valid
-        return load_tasks(self.games_dir, split, level, cfg.games_seed, n)
+            ensure_games(self.games_dir, level, p.n_train, p.n_valid, p.games_seed)
+        n = p.n_train if split == "train" else p.n_valid
+        return load_tasks(self.games_dir, split, level, p.games_seed, n)
 
     def cache_key(self) -> list[Any]:
         return [*super().cache_key(), self.params.level]
@@ -72,7 +71,7 @@ class TwCooking(Environment):
         from alfworld_env import EnvPool as TextGamePool
         from selective_rollout.envs.tw_cooking.engine import CookingGames
 
-        return TextGamePool(self.cfg.num_workers, worker_options, kind=CookingGames())
+        return TextGamePool(self.params.num_workers, worker_options, kind=CookingGames())
 
     def episode(self, game_dir: str) -> seam.Episode:
         from selective_rollout.envs.tw_cooking.engine import CookingGames

@@ -14,9 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from selective_rollout.config.engine import MAX_TEMPERATURE, MIN_TEMPERATURE
+from selective_rollout.rollout.engines.params import BackendParams
 
 if TYPE_CHECKING:
     import torch
@@ -134,13 +133,6 @@ class BusyClock:
     @property
     def busy_s(self) -> float:
         return self._total + (time.monotonic() - self._since if self._open else 0.0)
-
-
-class BackendParams(BaseModel):
-    """Base of a back-end's own parameters: they become flat ``engine.*`` keys, accepted only with
-    that back-end selected (the shared ones, model, sampling and resources, are EngineConfig's)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class RolloutEngine(ABC):

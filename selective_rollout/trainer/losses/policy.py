@@ -1,7 +1,8 @@
 """Policy losses: the per-token loss of the sampled tokens given their advantages.
 
-Each is an ``@POLICY_LOSSES.register`` class; ``trainer.policy_loss`` names the one to use and
-its fields are flat ``trainer.*`` keys (``trainer.clip_high``).
+Each is a class listed in ``selective_rollout.plugins.POLICY_LOSSES``; ``trainer.policy_loss``
+names the one to use and its fields are flat ``trainer.*`` keys (``trainer.clip_high``, declared
+in ``losses/params.py`` so that config validation does not import torch).
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
-from pydantic import Field
 
-from selective_rollout.trainer.losses.registry import Entry, Registry
+from selective_rollout.trainer.losses.params import Entry, PPOClipParams
 
 
 class PolicyLoss(Entry, ABC):
@@ -28,9 +28,6 @@ class PolicyLoss(Entry, ABC):
     def __call__(
         self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
 def ppo_clip_loss(
@@ -51,16 +48,8 @@ def ppo_clip_loss(
     return -torch.minimum(unclipped, clipped), (clipped < unclipped)
 
 
-@POLICY_LOSSES.register("ppo_clip")
-class PPOClip(PolicyLoss):
+class PPOClip(PPOClipParams, PolicyLoss):
     """PPO's clipped surrogate with DAPO's separate bounds (``ppo_clip_loss``)."""
-
-    clip_low: float = Field(
-        0.2, ge=0.0, lt=1.0, description="ppo_clip: the ratio is clipped below at 1 - clip_low"
-    )
-    clip_high: float = Field(
-        0.28, ge=0.0, description="ppo_clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher)"
-    )
 
     def __call__(
         self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor

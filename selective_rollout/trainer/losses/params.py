@@ -1,0 +1,30 @@
+"""The loss components' parameters, in a module that imports nothing but pydantic.
+
+A loss component is a frozen pydantic model whose fields are its parameters (flat ``trainer.*``
+keys). Where its module imports torch, its fields are declared here and the component subclasses
+them, so that config validation reads ``trainer.clip_high`` without importing torch
+(``selective_rollout.plugins`` names the model as the entry's ``params``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Entry(BaseModel):
+    """Base of every loss component: its fields are its parameters, fixed once bound."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Entry):
+    """The parameters of a component that owns no key."""
+
+
+class PPOClipParams(Entry):
+    clip_low: float = Field(
+        0.2, ge=0.0, lt=1.0, description="ppo_clip: the ratio is clipped below at 1 - clip_low"
+    )
+    clip_high: float = Field(
+        0.28, ge=0.0, description="ppo_clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher)"
+    )
