@@ -94,6 +94,12 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
         "audit_precision": hits / len(audited) if audited else None,
         "audit_precision_ci95": list(clopper_pearson(hits, len(audited))) if audited else None,
         "audit_step_tokens": sum(g.tokens_after(g.gate.step) for g in audited if g.gate is not None),
+        # online, a stopped group's class is known only when it was audited
+        "audited_by_class": {
+            "all-fail": sum(bool(g.zero_variance) and not any(g.rewards) for g in audited),
+            "all-succeed": sum(bool(g.zero_variance) and any(g.rewards) for g in audited),
+            "informative": sum(g.zero_variance is False for g in audited),
+        },
         "step_tokens_saved_est": saved,
         "step_tokens_saved_frac_est": saved / (spent + saved) if spent + saved else 0.0,
         "step_tokens_saved_basis": basis,
@@ -260,9 +266,10 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
 
     o = summary["outcomes"]
     ci = summary["audit_precision_ci95"]
+    by_class = ", ".join(f"{n} {kind}" for kind, n in summary["audited_by_class"].items())
     precision = (
-        f"{summary['audit_precision']:.1%} (95% CI {ci[0]:.1%}..{ci[1]:.1%}, {summary['audited']} audited, "
-        f"{_fmt(summary['audit_step_tokens'])} step-tokens spent on audit)"
+        f"{summary['audit_precision']:.1%} (95% CI {ci[0]:.1%}..{ci[1]:.1%}, {summary['audited']} audited: "
+        f"{by_class}; {_fmt(summary['audit_step_tokens'])} step-tokens spent on audit)"
         if ci
         else "not measured: " + ("no audit budget" if summary["gate_fires"] else "the gate never fired")
     )

@@ -149,3 +149,24 @@ def test_an_audited_false_stop_keeps_its_advantages_a_cut_one_loses_them() -> No
     assert (
         audited["audited"] == 1 and audited["adv_l2_preserved"] == 1.0 and audited["per_informative"] == 0.0
     )
+
+
+def test_recall_is_counted_per_class_over_the_groups_still_running_at_the_gates_step():
+    """All-fail and all-succeed groups are two halves of the waste; a group whose trajectories all
+    ended before the gate's step cannot be cut and is counted apart, not as a miss."""
+    log = [
+        converged("fail", [0.0, 0.0, 0.0], length=10),
+        converged("win", [1.0, 1.0, 1.0], length=10),
+        converged("quick_win", [1.0, 1.0, 1.0], length=2),  # all ended before step 4
+        divergent("mixed", [1.0, 0.0, 0.0], length=10),
+    ]
+    oracle = summarize(replay(build_gate("oracle", k=4), log))
+    assert (oracle["all_fail_live"], oracle["all_succeed_live"]) == (1.0, 1.0)
+    assert oracle["recall_all_fail"] == oracle["recall_all_succeed"] == 1.0
+    assert oracle["recall"] == pytest.approx(2 / 3)  # the quick win was never asked
+    # the paper's gate stops converged groups of either class; nothing stops the divergent ones
+    gate = summarize(replay(build_gate("prefix_edit", k=4, tau=0.1), log))
+    assert gate["recall_all_fail"] == gate["recall_all_succeed"] == 1.0
+    stalled = summarize(replay(build_gate("stalled", k=4), log))
+    assert stalled["recall_all_fail"] == 1.0 and stalled["recall_all_succeed"] == 1.0
+    assert math.isnan(summarize([])["recall_all_succeed"])

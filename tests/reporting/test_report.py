@@ -49,6 +49,8 @@ def test_summary_never_leaves_the_saving_unknown_when_the_gate_fired():
     audited = _group(Outcome.AUDITED, "cool", [["a"] * 6, ["a"] * 6], [1.0, 1.0], gate_step=2)
     summary = rollout_summary([CUT, audited])
     assert summary["audit_precision"] == 1.0 and summary["audit_precision_ci95"][1] == 1.0
+    # the stopped group's class is known from its audit: an all-succeed one
+    assert summary["audited_by_class"] == {"all-fail": 0, "all-succeed": 1, "informative": 0}
     assert summary["audit_step_tokens"] == 80
 
 

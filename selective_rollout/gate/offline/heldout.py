@@ -216,10 +216,11 @@ def _params_text(params: Sequence[dict[str, Any]]) -> str:
 def table(results: Sequence[Result]) -> list[str]:
     head = (
         "| gate | target | calibrated on the fit part (per fold) | stops (audited) | precision | "
-        "recall | step-tokens saved | share of oracle | saved minus prefix_edit's | "
-        "step-tokens per informative group vs no gate | adv L2 kept |"
+        "recall | recall all-fail / all-succeed (groups running at K) | step-tokens saved | "
+        "share of oracle | saved minus prefix_edit's | step-tokens per informative group vs no gate | "
+        "adv L2 kept |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in results:
         s, ci = r.summary, r.ci
         vs = "" if r.vs_baseline is None else _with_ci(r.vs_baseline[0], r.vs_baseline[1:], _pct)
@@ -232,6 +233,8 @@ def table(results: Sequence[Result]) -> list[str]:
             f"| {r.spec.label} | {target} | {params} | {s['stops']:.0f} ({s['audited']:.0f}) | "
             f"{_with_ci(s['precision'], ci['precision'], _num, 'n/a (no stop)')} | "
             f"{_with_ci(s['recall'], ci['recall'], _num)} | "
+            f"{_num(s['recall_all_fail'])} ({s['all_fail_live']:.0f}) / "
+            f"{_num(s['recall_all_succeed'])} ({s['all_succeed_live']:.0f}) | "
             f"{_with_ci(s['saved'], ci['saved'], _pct)} | "
             f"{_with_ci(s['share_of_oracle'], ci['share_of_oracle'], _pct)} | "
             f"{vs} | {_with_ci(s['per_informative'], ci['per_informative'], _signed_pct)} | "
@@ -250,7 +253,8 @@ def write_csv(results: Sequence[Result], path: Path) -> None:
     fields = ["gate", "target", "params", "groups", "zero_variance", "stops", "audited", "false_stops"]
     fields += [f"{n}{suffix}" for n in STATISTICS for suffix in ("", "_lo", "_hi")]
     fields += ["saved_minus_prefix_edit", "saved_minus_prefix_edit_lo", "saved_minus_prefix_edit_hi"]
-    fields += ["oracle_saved", "adv_l2_preserved", "fit_precision", "fit_saved"]
+    fields += ["oracle_saved", "adv_l2_preserved", "all_fail_live", "all_succeed_live"]
+    fields += ["fit_precision", "fit_saved"]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -264,10 +268,8 @@ def write_csv(results: Sequence[Result], path: Path) -> None:
             if r.vs_baseline is not None:
                 keys = ("saved_minus_prefix_edit", "saved_minus_prefix_edit_lo", "saved_minus_prefix_edit_hi")
                 row.update(dict(zip(keys, r.vs_baseline, strict=True)))
-            row["oracle_saved"], row["adv_l2_preserved"] = (
-                r.summary["oracle_saved"],
-                r.summary["adv_l2_preserved"],
-            )
+            row.update({k: r.summary[k] for k in ("oracle_saved", "adv_l2_preserved")})
+            row.update({k: r.summary[k] for k in ("all_fail_live", "all_succeed_live")})
             if r.fit:
                 row["fit_precision"] = (
                     float(np.nanmean([f["precision"] for f in r.fit]))

@@ -88,6 +88,8 @@ class GroupOutcome:
     total: int  # step-tokens the group spent ungated
     oracle: int  # step-tokens the oracle saves on it (cut at K when zero-variance)
     adv_sq: float  # squared L2 of its GRPO advantages (0 for a zero-variance group)
+    succeeded: bool = False  # zero-variance with every trajectory rewarded (all-succeed, not all-fail)
+    live_at_k: bool = True  # a trajectory still ran after the gate's first step (else it could not be cut)
 
     def row(self) -> list[float]:
         """The numbers ``summarize`` sums, as one row (bootstrap resamples rows of a task together)."""
@@ -105,7 +107,15 @@ class GroupOutcome:
             float(self.audited),
             float(not self.zero_variance),
             float(cut and not self.zero_variance),
+            *self._by_class(tp),
         ]
+
+    def _by_class(self, tp: bool) -> list[float]:
+        """Per class of zero-variance group (all-fail, all-succeed): how many could be cut (still
+        running at the gate's first step) and how many of those the gate stopped."""
+        fail = self.zero_variance and not self.succeeded and self.live_at_k
+        succeed = self.zero_variance and self.succeeded and self.live_at_k
+        return [float(fail), float(fail and tp), float(succeed), float(succeed and tp)]
 
 
 def replay(
@@ -142,6 +152,8 @@ def replay(
                 total=tokens_after(record),
                 oracle=tokens_after(record, k) if zero and live_after(record, k) else 0,
                 adv_sq=memo(record, ("adv",), lambda r=record: _advantage_sq(r)),
+                succeeded=zero and float(record.rewards[0] or 0.0) > 0.0,  # type: ignore[index]
+                live_at_k=live_after(record, gate.k),
             )
         )
     return out
@@ -154,7 +166,8 @@ def _advantage_sq(record: GroupRecord) -> float:
 
 # the columns of GroupOutcome.row
 STOPS, TP, ZERO, SAVED, TOTAL, ORACLE, ADV, ADV_KEPT, AUDITED, INFORMATIVE, LOST = range(11)
-ROW_WIDTH = 11
+FAIL_LIVE, FAIL_STOPPED, SUCCEED_LIVE, SUCCEED_STOPPED = range(11, 15)
+ROW_WIDTH = 15
 
 
 def _ratio(num: float, den: float) -> float:
@@ -172,6 +185,9 @@ def _per_informative(s: np.ndarray) -> float:
 STATISTICS = {
     "precision": lambda s: _ratio(s[TP], s[STOPS]),
     "recall": lambda s: _ratio(s[TP], s[ZERO]),
+    # per class, over the groups still running at the gate's first step (the others cannot be cut)
+    "recall_all_fail": lambda s: _ratio(s[FAIL_STOPPED], s[FAIL_LIVE]),
+    "recall_all_succeed": lambda s: _ratio(s[SUCCEED_STOPPED], s[SUCCEED_LIVE]),
     "saved": lambda s: _ratio(s[SAVED], s[TOTAL]),
     "share_of_oracle": lambda s: _ratio(s[SAVED], s[ORACLE]),
     "per_informative": _per_informative,
@@ -192,6 +208,8 @@ def summarize(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
         false_stops=s[STOPS] - s[TP],
         oracle_saved=_ratio(s[ORACLE], s[TOTAL]),
         adv_l2_preserved=math.sqrt(s[ADV_KEPT] / s[ADV]) if s[ADV] else 1.0,
+        all_fail_live=s[FAIL_LIVE],
+        all_succeed_live=s[SUCCEED_LIVE],
     )
     return out
 
