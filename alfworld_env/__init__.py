@@ -1,5 +1,6 @@
-"""ALFWorld episodes on the real text engine: offline game generator, official data, Ray EnvPool
-(which serves other kinds of text game too, see ``GameKind``).
+"""ALFWorld games on the real text engine: the offline game generator, the official data, one
+episode (``engine.Episode``) and the play CLI. The Ray pool that serves episodes to a training run
+is the environment seam's (``selective_rollout.envs.pool``).
 
 Usable on its own: nothing here imports ``selective_rollout``. The names below load on first use
 (PEP 562), so reading the presets (``alfworld_env.presets``) imports neither the engine nor Ray.
@@ -17,11 +18,6 @@ _EXPORTS = {
     "load_games": "alfworld_env.games",
     "load_generated": "alfworld_env.games",
     "Observation": "alfworld_env.observation",
-    "AlfworldGames": "alfworld_env.pool",
-    "EnvPool": "alfworld_env.pool",
-    "EpisodeState": "alfworld_env.pool",
-    "GameKind": "alfworld_env.pool",
-    "Playable": "alfworld_env.pool",
     "PRESETS": "alfworld_env.presets",
     "TASK_TYPES": "alfworld_env.presets",
 }

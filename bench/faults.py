@@ -86,7 +86,8 @@ class Run:
 
     def __init__(self, games: Path, run_dir: Path, iterations: int) -> None:
         cmd = [sys.executable, "-m", "selective_rollout.train", "--config", "configs/cpu_default.yaml"]
-        cmd += [f"env.games_dir={games}", *TINY, f"train.iterations={iterations}", f"train.run_dir={run_dir}"]
+        cmd += [f"env.games_dir={games}", *TINY, f"driver.iterations={iterations}"]
+        cmd += [f"driver.run_dir={run_dir}"]
         self.run_dir, self.tree = run_dir, set()
         self.log = (run_dir.parent / f"{run_dir.name}.log").open("a")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

@@ -42,8 +42,8 @@ SMALL = [
     "gate.k=3",
     "agent.history_turns=4",
     "env.num_workers=2",
-    "train.iterations=1",
-    "train.eval_every=0",
+    "driver.iterations=1",
+    "driver.eval_every=0",
     "eval.num_tasks=2",
     "trainer.micro_batch_tokens=4096",
 ]
@@ -92,7 +92,7 @@ def one_iteration(args: argparse.Namespace, engine: list[str]) -> str:
         run_dir = Path(tmp) / "run"
         overrides = [
             f"engine.model={args.model}",
-            f"train.run_dir={run_dir}",
+            f"driver.run_dir={run_dir}",
             "logging.backends=[jsonl]",
             "logging.progress=false",
             *engine,

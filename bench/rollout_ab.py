@@ -7,7 +7,8 @@ stream, back to back, and the script prints ratios:
    the cut groups' TP/FP judged by the ungated arm's outcome on the same task, and the ratio
    wall-saved / tokens-saved (target >= 0.9: the system turns saved work into time).
 2. concurrent coordinator vs the paper's lock-step loop (gate off): env steps/s and tokens/s
-   (target >= 3x). The lock-step arm (``rollout.mode=lockstep``) is the paper's
+   (target >= 3x), two rollout sources of one contract, ``GroupCoordinator`` and ``LockstepRollout``
+   (``rollout.mode`` selects the class the coordinator actor runs). The lock-step arm is the paper's
    ``rollout_group`` loop: one group at a time; each turn every live trajectory of the group
    sends its request at once (one engine round, batched by the engine's decode batching) and then
    all take one environment step together; each trajectory keeps its KV session across turns,
@@ -151,11 +152,14 @@ def main() -> None:
         if tokens_saved > 0:
             print(f"  wall-saved / tokens-saved = {wall_saved / tokens_saved:.2f}  (target >= 0.90)")
     if "lockstep" not in skip:
+        from selective_rollout.rollout.coordinator import GroupCoordinator
+        from selective_rollout.rollout.lockstep import LockstepRollout
+
         print("\n[2] concurrent coordinator vs the paper's lock-step loop (gate off, same tasks)")
         common = ["rollout.strategy=none", "rollout.refill=false", f"rollout.groups_per_iteration={n}"]
-        lock = run_arm(cfg(*common, "rollout.mode=lockstep"), engines, model, tasks[:n], "lock-step (paper)")
-        conc = run_arm(
-            cfg(*common, "rollout.mode=concurrent"), engines, model, tasks[:n], "concurrent (ours)"
+        lock, conc = (
+            run_arm(cfg(*common, f"rollout.mode={source.mode}"), engines, model, tasks[:n], source.__name__)
+            for source in (LockstepRollout, GroupCoordinator)
         )
         for key, name in (("system/env_steps_per_s", "env steps/s"), ("system/tokens_per_s", "tokens/s")):
             print(f"  {name}: x{conc['metrics'][key] / max(lock['metrics'][key], 1e-9):.2f}  (target >= 3x)")

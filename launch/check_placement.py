@@ -3,7 +3,7 @@
     python launch/submit.py --command "python launch/check_placement.py --resource env_node"
 
 Run it (as a job) after bringing a cluster up and before a long training run: it starts an
-``alfworld_env.EnvPool`` whose workers ask for ``--resource``, plays one step of a group on
+env pool (``selective_rollout.envs.pool``) whose workers ask for ``--resource``, plays one step of a group on
 each worker, and reports which node every worker ran on. Exit status 1 when a worker ran on a
 node without the resource (a mislabelled node group), 2 when no node offers it at all.
 
@@ -25,8 +25,11 @@ from typing import Any
 
 import ray
 
-from alfworld_env import EnvPool, load_games
+from alfworld_env import load_games
 from alfworld_env.generate import generate
+from selective_rollout.envs.alfworld import AlfworldSource, game_task
+from selective_rollout.envs.pool import RayEnvPool
+from selective_rollout.records import Task
 
 
 def resource_nodes(resource: str) -> dict[str, str]:
@@ -46,15 +49,15 @@ def worker_nodes(job_id: str) -> list[dict[str, Any]]:
     return [{"node_id": a.node_id, "pid": a.pid, "state": a.state} for a in actors]
 
 
-async def play_one_step(pool: EnvPool, game_dirs: Sequence[str], group_size: int) -> list[str]:
-    """Open one group per game (they spread over the workers), step each episode once, close."""
+async def play_one_step(pool: RayEnvPool, tasks: Sequence[Task], group_size: int) -> list[str]:
+    """Open one group per task (they spread over the workers), step each episode once, close."""
     observations = []
-    for game_dir in game_dirs:
-        states = await pool.reset_group(game_dir, group_size)
+    for task in tasks:
+        states = await pool.reset_group(task, group_size)
         stepped = await pool.step({s.episode_id: s.admissible[0] for s in states})
         failed = [s.failed for s in stepped.values() if s.failed]
         if failed:
-            raise RuntimeError(f"env step failed on {game_dir}: {failed[0]}")
+            raise RuntimeError(f"env step failed on {task.task_id}: {failed[0]}")
         observations.extend(s.obs for s in stepped.values())
         await pool.close(list(stepped))
     return observations
@@ -70,9 +73,9 @@ def check(resource: str, workers: int, games_dir: Path, source: str, group_size:
     if source == "generated":
         generate(games_dir, "train", workers, preset="tiny", progress=False)
     games = load_games(games_dir, "train", source=source)[:workers]
-    pool = EnvPool(workers, {"num_cpus": 0, "resources": {resource: 0.01}})
+    pool = RayEnvPool(workers, AlfworldSource(), {"num_cpus": 0, "resources": {resource: 0.01}})
     try:
-        observations = asyncio.run(play_one_step(pool, [g.game_dir for g in games], group_size))
+        observations = asyncio.run(play_one_step(pool, [game_task(g) for g in games], group_size))
         placed = worker_nodes(ray.get_runtime_context().get_job_id())
     finally:
         pool.shutdown()

@@ -4,7 +4,7 @@
         -- --config configs/cpu_default.yaml gate.k=10
 
 Everything after ``--`` goes to ``python -m selective_rollout.train`` (its ``--config`` and dotted
-overrides), plus ``train.runs_dir=<--runs-dir>`` unless they name the run folder themselves.
+overrides), plus ``driver.runs_dir=<--runs-dir>`` unless they name the run folder themselves.
 ``--command`` replaces the whole entrypoint instead (a smoke test, the placement check, an
 evaluation).
 
@@ -111,12 +111,14 @@ def train_entrypoint(driver_args: Sequence[str] = (), python: str = "python") ->
 
 
 def with_runs_dir(driver_args: Sequence[str], runs_dir: str) -> list[str]:
-    """The driver's arguments with ``train.runs_dir=runs_dir`` added, unless they set
-    ``train.runs_dir`` or ``train.run_dir`` or ``runs_dir`` is empty. The job runs in Ray's copy
-    of the checkout, which goes with the job: a relative ``runs/`` would land there and vanish."""
-    if not runs_dir or any(a.startswith(("train.runs_dir=", "train.run_dir=")) for a in driver_args):
+    """The driver's arguments with ``driver.runs_dir=runs_dir`` added, unless they set
+    ``driver.runs_dir`` or ``driver.run_dir`` (or their old spelling under ``train.``, still read)
+    or ``runs_dir`` is empty. The job runs in Ray's copy of the checkout, which goes with the job:
+    a relative ``runs/`` would land there and vanish."""
+    named = ("driver.runs_dir=", "driver.run_dir=", "train.runs_dir=", "train.run_dir=")
+    if not runs_dir or any(a.startswith(named) for a in driver_args):
         return list(driver_args)
-    return [*driver_args, f"train.runs_dir={runs_dir}"]
+    return [*driver_args, f"driver.runs_dir={runs_dir}"]
 
 
 def runtime_env(

@@ -4,7 +4,7 @@
 
 Every arm is a full training run (the driver, in this process, over one Ray cluster) from the
 same base config plus the arm's overrides. For a given seed every arm sees the same task
-stream (``train.task_shuffle_seed`` = seed), the same warm start and the same held-out tasks,
+stream (``driver.task_shuffle_seed`` = seed), the same warm start and the same held-out tasks,
 so per-seed differences between arms are paired. Writes ``experiment.csv`` (one row per arm and
 seed), ``experiment.md`` (per-arm means; per pair the mean difference with a 95% bootstrap CI over
 seeds, the paper's protocol; the held-out change pooled over seeds, its CI over tasks) and
@@ -153,34 +153,34 @@ def run_arm(
     """One training run, or the finished run already in ``run_dir`` when its config is identical
     (an interrupted experiment resumes: finished arms are read back, a partial one resumes from
     its last checkpoint); returns the run's experiment metrics. ``before_eval``: the held-out
-    summary of the starting weights when already known (``Trainer``). A finished arm's
+    summary of the starting weights when already known (``Driver``). A finished arm's
     checkpoints are deleted unless ``keep_checkpoints``: nothing in the experiment reads them
     again, and ten arms of the CPU profile would otherwise hold ~30 GB."""
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
 
     if finished_run(run_dir, cfg):
         log.info("reusing the finished run in %s (same config)", run_dir)
         return arm_metrics(run_dir)
-    trainer = Trainer(cfg, run_dir, before_eval=before_eval)
+    driver = Driver(cfg, run_dir, before_eval=before_eval)
     try:
-        trainer.run()
+        driver.run()
     finally:
-        trainer.close()
+        driver.close()
     metrics = arm_metrics(run_dir)
     if not keep_checkpoints and finished_run(run_dir, cfg):
-        shutil.rmtree(trainer.ckpt_dir, ignore_errors=True)
+        shutil.rmtree(driver.ckpt_dir, ignore_errors=True)
     return metrics
 
 
 def before_eval_key(cfg: RunConfig) -> str:
     """What decides a run's held-out 'before' score: its evaluation config (the arm's rollout
     strategy, refill and audit are already neutralised there) without the sections that act only
-    once training starts (gate, trainer, train, logging) and the run's name. Two runs with one
+    once training starts (gate, trainer, driver, logging) and the run's name. Two runs with one
     key start from the same weights and play the same held-out episodes."""
     from selective_rollout.rollout.coordinator import evaluation_config
 
     dump = evaluation_config(cfg).model_dump(
-        mode="json", exclude={"gate", "trainer", "train", "logging", "name"}
+        mode="json", exclude={"gate", "trainer", "driver", "logging", "name"}
     )
     return json.dumps(dump, sort_keys=True)
 
@@ -200,7 +200,7 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     if not report.is_file():
         return False
     done = json.loads(report.read_text())
-    return done.get("iterations") == cfg.train.iterations and "after" in done.get("eval", {})
+    return done.get("iterations") == cfg.driver.iterations and "after" in done.get("eval", {})
 
 
 def arm_metrics(run_dir: Path) -> dict[str, Any]:
@@ -582,9 +582,9 @@ def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list
         *exp.arms[arm],
         *([f"gate.observe_logs=[{','.join(memory)}]"] if memory else []),
         f"seed={seed}",
-        f"train.task_shuffle_seed={seed}",
+        f"driver.task_shuffle_seed={seed}",
         f"name={arm}-s{seed}",
-        f"train.run_dir={run_dir}",
+        f"driver.run_dir={run_dir}",
     ]
 
 

@@ -184,9 +184,9 @@ def run_evaluation(cfg: RunConfig, model_path: str | Path) -> dict[str, Any]:
     """Start Ray (or join RAY_ADDRESS), one engine on ``model_path``, and evaluate ``cfg.eval``."""
     import ray
 
-    from selective_rollout.rollout.coordinator import create_coordinator, wait_for_coordinator
+    from selective_rollout.rollout.coordinator import create_coordinator
     from selective_rollout.rollout.engines import create_engines
-    from selective_rollout.runtime import held_out_tasks, init_ray
+    from selective_rollout.runtime import held_out_tasks, init_ray, wait_for_coordinator
 
     init_ray(None)
     tasks = held_out_tasks(cfg)
@@ -194,7 +194,7 @@ def run_evaluation(cfg: RunConfig, model_path: str | Path) -> dict[str, Any]:
     coordinator = create_coordinator(cfg, engines, model_path, None)
     try:
         ref = coordinator.evaluate.remote(tasks)
-        groups = wait_for_coordinator(coordinator, ref, "evaluation", cfg.train.stall_timeout_s)
+        groups = wait_for_coordinator(coordinator, ref, "evaluation", cfg.driver.stall_timeout_s)
     finally:
         ray.get(coordinator.shutdown.remote(), timeout=60)
         ray.get([e.shutdown.remote() for e in engines], timeout=60)

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -37,11 +37,12 @@ def rewards_equal(rewards: Sequence[float]) -> bool:
 
 @dataclass(frozen=True)
 class Task:
-    """One prompt of the task stream: a game (the folder its environment plays) and its identity."""
+    """One prompt of the task stream: its identity and what its environment needs to play it (the
+    payload is the environment's own: a game folder, a question and its answer, ...)."""
 
-    game_dir: str
     task_id: str
     task_type: str
+    payload: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 class Outcome(str, Enum):
@@ -55,6 +56,15 @@ class Outcome(str, Enum):
     FILTERED = "filtered"  # ran to the end, dropped afterwards (e.g. DAPO zero variance)
     SKIPPED = "skipped"  # never started (pre-rollout skipping)
     FAILED = "failed"  # an engine or env worker died under it
+
+    def trains(self, zero_variance: bool | None) -> bool:
+        """Whether a group with this outcome reaches the learner: kept whole, or audited and
+        informative (a false stop that the audit ran to the end is an informative group like any
+        other). One rule for the rollout's batch (``rollout.lifecycle``) and a logged group
+        (``GroupRecord.trained_on``), so the two never disagree."""
+        if self is Outcome.AUDITED:
+            return zero_variance is False
+        return self is Outcome.COMPLETED
 
 
 class TrajectoryStatus(str, Enum):
@@ -153,11 +163,8 @@ class GroupRecord:
 
     @property
     def trained_on(self) -> bool:
-        """Whether the group reached the learner: kept whole, or audited and informative (a false
-        stop that the audit ran to the end is an informative group like any other)."""
-        if self.outcome is Outcome.AUDITED:
-            return self.zero_variance is False
-        return self.outcome is Outcome.COMPLETED
+        """Whether the group reached the learner (``Outcome.trains``)."""
+        return self.outcome.trains(self.zero_variance)
 
     def tokens_after(self, step: int) -> int:
         """Step-tokens the group spent after its first ``step`` steps (what a cut there saves)."""

@@ -10,7 +10,9 @@ An entry is a class named three ways, all loaded the same lazy way:
   "selective_rollout.gates"] my_gate = "my_pkg.gates:MyGate"``): a third party plugs in without
   editing this package;
 - a decorator (``@REGISTRY.register("name")``) for a class defined in code that runs anyway (a test,
-  a notebook, a script).
+  a notebook, a script);
+- its own path as the name (``env.name=my_pkg.envs:MyEnv``): nothing to register, and every process
+  that reads the config (Ray workers included) finds the class the same way.
 
 Each entry owns a pydantic ``Params`` model: its parameters with their defaults, bounds and
 descriptions, which config validation and the configuration reference read. The model may live in
@@ -133,6 +135,8 @@ class Registry(Mapping[str, type], Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         self._load_plugins()
+        if isinstance(name, str) and name not in self._entries and name.count(":") == 1:
+            self._entries[name] = _Entry(name, None, {}, source=name)  # a class named by its path
         return name in self._entries
 
     def __getitem__(self, name: str) -> type:
@@ -156,10 +160,16 @@ class Registry(Mapping[str, type], Generic[T]):
         """The class registered under ``name``, its module imported now."""
         entry = self._entry(name)
         if isinstance(entry.target, str):
-            cls = load(entry.target)
+            cls = self._load(name, entry.target)
             self._checked(name, cls, entry.params)
             entry.target = cls
         return entry.target
+
+    def _load(self, name: str, target: str) -> Any:
+        try:
+            return load(target)
+        except ImportError as exc:  # a config error, worded as one: the user named the entry
+            raise ValueError(f"{self.kind} {name!r}: {exc}") from None
 
     def meta(self, name: str) -> dict[str, Any]:
         return dict(self._entry(name).meta)
@@ -168,7 +178,7 @@ class Registry(Mapping[str, type], Generic[T]):
         """The entry's ``Params`` model, without importing the entry where it lives apart."""
         entry = self._entry(name)
         if isinstance(entry.params, str):
-            entry.params = load(entry.params)
+            entry.params = self._load(name, entry.params)
         if entry.params is not None:
             return entry.params
         cls = self.get(name)

@@ -1,5 +1,7 @@
 """Process-level plumbing shared by the driver, the evaluation CLI and the SFT warm start:
-joining or starting Ray, and turning the configured games into task streams."""
+joining or starting Ray, turning the configured games into task streams, and the driver side's
+wait on the coordinator actor (it lives here, not with the coordinator, because only the
+processes that drive a run wait on it)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from selective_rollout.config import RunConfig
 from selective_rollout.records import Task
@@ -99,3 +102,45 @@ def task_stream(tasks: list[Task], seed: int, start: int = 0) -> Iterator[Task]:
                 yield task
             position += 1
         epoch += 1
+
+
+PROBE_S = 30.0
+
+
+def wait_for_coordinator(
+    coordinator: Any,
+    ref: Any,
+    what: str,
+    stall_timeout_s: float,
+    on_probe: Callable[[], None] | None = None,
+) -> Any:
+    """``ray.get(ref)`` that cannot wait forever: it polls the coordinator's progress and stops
+    with one clear message when nothing moved (no generated token, no env step) for
+    ``stall_timeout_s``, or when the coordinator stops answering. A dead coordinator already
+    surfaces as the ref's own error. ``on_probe`` runs at every poll (the driver replaces dead
+    engines there)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    last, still = None, 0.0
+    while True:
+        ready, _ = ray.wait([ref], timeout=min(PROBE_S, stall_timeout_s))
+        if ready:
+            return ray.get(ref)
+        if on_probe is not None:
+            on_probe()
+        try:
+            progress = ray.get(coordinator.progress.remote(), timeout=PROBE_S)
+        except GetTimeoutError:
+            progress = None
+        if progress is not None and progress != last:
+            last, still = progress, 0.0
+            continue
+        still += min(PROBE_S, stall_timeout_s)
+        if still >= stall_timeout_s:
+            state = "does not answer" if progress is None else "made no progress (no token, no env step)"
+            raise RuntimeError(
+                f"{what}: the coordinator {state} for {still:.0f} s; stopping instead of waiting forever "
+                "(its log: the CoordinatorActor lines above, or /tmp/ray/session_latest/logs; the limit "
+                "is driver.stall_timeout_s)"
+            )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
+from selective_rollout.envs.base import TaskError
 from selective_rollout.process_memory import in_fresh_process
 from selective_rollout.records import Experience, Task
 
@@ -49,21 +50,22 @@ def expert_reply(action: str, action_format: str) -> str:
     return action
 
 
-def expert_dialogue(game_dir: str | Path, agent, max_steps: int, env: Environment) -> list[Experience]:
-    """Replay a game's walkthrough in the environment's engine and render it as training
-    sequences (one per history-window segment, exactly as RL rollouts are packed)."""
-    walkthrough = env.walkthrough(str(game_dir))
+def expert_dialogue(task: Task, agent, max_steps: int, env: Environment) -> list[Experience]:
+    """Replay a task's walkthrough in the environment's engine and render it as training
+    sequences (one per history-window segment, exactly as RL rollouts are packed). A task that
+    cannot be played raises ``TaskError`` naming it."""
+    walkthrough = env.walkthrough(task)
     if not walkthrough:
-        raise ValueError(f"{game_dir}: the game has no walkthrough to clone")
+        raise TaskError(f"{task.task_id}: the task has no walkthrough to clone")
     if len(walkthrough) > max_steps:
         raise ValueError(
-            f"{game_dir}: walkthrough of {len(walkthrough)} steps exceeds rollout.max_steps={max_steps}"
+            f"{task.task_id}: walkthrough of {len(walkthrough)} steps exceeds rollout.max_steps={max_steps}"
         )
-    episode = env.episode(str(game_dir))
+    episode = env.episode(task)
     try:
         first = episode.reset()
-        task = env.task_of(first)
-        conv = agent.start(task, first.obs, first.admissible)
+        sentence = env.task_of(first)
+        conv = agent.start(sentence, first.obs, first.admissible)
         tokenizer = agent.builder.tokenizer
         won = False
         for action in walkthrough:
@@ -78,8 +80,25 @@ def expert_dialogue(game_dir: str | Path, agent, max_steps: int, env: Environmen
     finally:
         episode.close()
     if not won:
-        raise ValueError(f"{game_dir}: replaying the walkthrough did not win; the game or solver is broken")
-    return conv.experiences(str(game_dir), str(game_dir), "", reward=1.0)
+        raise TaskError(
+            f"{task.task_id}: replaying the walkthrough did not win; the task or solver is broken"
+        )
+    return conv.experiences(task.task_id, task.task_id, "", reward=1.0)
+
+
+def clone_walkthroughs(tasks: Sequence[Task], agent, max_steps: int, env: Environment) -> list[Experience]:
+    """The expert dialogues of ``tasks``; a task the environment cannot play is named in one line
+    and skipped, as the rollout skips it (a run stops only when none is left)."""
+    data: list[Experience] = []
+    unplayable = (TaskError, OSError, ValueError, *env.source().errors)
+    for task in tasks:
+        try:
+            data += expert_dialogue(task, agent, max_steps, env)
+        except unplayable as exc:
+            log.warning("warm start: skipping task %s: %s", task.task_id, str(exc).splitlines()[0])
+    if not data:
+        raise TaskError(f"warm start: none of the {len(tasks)} tasks could be played (see the lines above)")
+    return data
 
 
 def train_sft(
@@ -177,7 +196,7 @@ def build_warm_start(
     env = cfg.env.build()
     agent = Agent.from_model(cfg.agent, model_path, env.prompt)
     games = warm_start_games(cfg, games_root)
-    data = [e for g in games for e in expert_dialogue(g.game_dir, agent, cfg.rollout.max_steps, env)]
+    data = clone_walkthroughs(games, agent, cfg.rollout.max_steps, env)
     staging = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from selective_rollout.driver import cache_metrics
 from selective_rollout.rollout.engines import EngineError, vllm_engine
-from selective_rollout.train import cache_metrics
 
 
 def test_cache_metrics_are_the_deltas_between_two_readings():

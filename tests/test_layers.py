@@ -39,7 +39,8 @@ FLOORS = {
     "policy_eval": 3,
     "sft": 3,
     "reporting.report": 3,
-    "train": 4,
+    "driver": 4,
+    "train": 4,  # the driver's command line
     "experiment": 5,
 }
 

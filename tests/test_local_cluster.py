@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from selective_rollout.rollout.coordinator import wait_for_coordinator
+from selective_rollout.runtime import wait_for_coordinator
 
 pytestmark = pytest.mark.ray
 

@@ -92,29 +92,29 @@ def test_an_actor_ray_cannot_place_stops_the_wait(ray_cluster):
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_record_placement_stops_the_run_when_engines_stay_pending(ray_cluster, tmp_path: Path):
-    """The driver's own path: ``Trainer.record_placement`` over an engine no node can host."""
+    """The driver's own path: ``Driver.record_placement`` over an engine no node can host."""
     import ray
 
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
 
     cfg = load_config(
         None, ["placement.pending_timeout_s=2", f"placement.engine_resources={{{NOBODY_HAS}: 1}}"]
     )
-    trainer = Trainer.__new__(Trainer)  # only what record_placement reads: no model, no learners
-    trainer.cfg, trainer.run_dir = cfg, tmp_path
+    driver = Driver.__new__(Driver)  # only what record_placement reads: no model, no learners
+    driver.cfg, driver.run_dir = cfg, tmp_path
     unplaceable = ray.remote(Unplaceable).options(num_cpus=0, resources={NOBODY_HAS: 1})
-    trainer.engines = [unplaceable.remote()]
-    trainer.coordinator = ray.remote(Unplaceable).options(num_cpus=0).remote()
+    driver.engines = [unplaceable.remote()]
+    driver.coordinator = ray.remote(Unplaceable).options(num_cpus=0).remote()
     assert resource_demand(cfg)[NOBODY_HAS] == 1
     try:
         with pytest.raises(ActorsPending) as raised:
-            trainer.record_placement()
+            driver.record_placement()
         message = str(raised.value)
         assert message.startswith("engine 0 still pending after 2 s: the cluster lacks "), message
         assert f"{NOBODY_HAS}: the run asks for 1, the cluster has 0" in message
         assert not (tmp_path / "placement.json").exists()
     finally:
-        for actor in [*trainer.engines, trainer.coordinator]:
+        for actor in [*driver.engines, driver.coordinator]:
             ray.kill(actor)
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from selective_rollout.driver import rewind_logs
 from selective_rollout.records import GroupRecord, GroupWriter, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
-from selective_rollout.train import rewind_logs
 from selective_rollout.trainer.checkpoint import EXTRA_STATE, checkpoint_name
 
 
@@ -81,7 +81,7 @@ def test_the_final_evaluation_updates_the_last_checkpoint_without_saving_the_mod
     checkpoint of that iteration (none yet, or an older one) the learner saves a full one."""
     from types import SimpleNamespace
 
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
     from selective_rollout.trainer.checkpoint import latest_checkpoint, read_extra_state
 
     ckpt = tmp_path / "checkpoints"
@@ -92,16 +92,16 @@ def test_the_final_evaluation_updates_the_last_checkpoint_without_saving_the_mod
     saves = []
     learner = SimpleNamespace(save_checkpoint=lambda d, state: saves.append(state["iteration"]))
     state = {"iteration": 2, "cursor": 6, "eval": {"before": {}, "after": {"success_rate": 0.5}}}
-    Trainer.save_final_state(SimpleNamespace(ckpt_dir=ckpt, state=state, learner=learner))
+    Driver.save_final_state(SimpleNamespace(ckpt_dir=ckpt, state=state, learner=learner))
     latest = latest_checkpoint(ckpt)
     assert saves == [] and read_extra_state(latest) == state
     assert (weights / "model.pt").read_bytes() == b"weights"
     assert sorted(p.name for p in latest.iterdir()) == ["ds", EXTRA_STATE]  # no staging file left
 
     state3 = {**state, "iteration": 3}
-    Trainer.save_final_state(SimpleNamespace(ckpt_dir=ckpt, state=state3, learner=learner))
+    Driver.save_final_state(SimpleNamespace(ckpt_dir=ckpt, state=state3, learner=learner))
     assert saves == [3] and read_extra_state(latest)["iteration"] == 2
-    Trainer.save_final_state(SimpleNamespace(ckpt_dir=tmp_path / "none", state=state, learner=learner))
+    Driver.save_final_state(SimpleNamespace(ckpt_dir=tmp_path / "none", state=state, learner=learner))
     assert saves == [3, 2]
 
 

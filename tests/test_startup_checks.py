@@ -49,7 +49,7 @@ def test_vllm_backend_without_vllm_is_one_line_before_ray(tiny_games, smollm2_pa
             "env.preset=tiny",  # the tiny_games fixture (the profile plays medium games)
             "env.n_train=6",
             "env.n_valid=2",
-            f"train.runs_dir={tmp_path}",
+            f"driver.runs_dir={tmp_path}",
         ]
     )
     signal.signal(signal.SIGTERM, handler)  # main() installs the CLI's own
@@ -62,7 +62,7 @@ def test_vllm_backend_without_vllm_is_one_line_before_ray(tiny_games, smollm2_pa
 
 @pytest.mark.ray
 def test_gpu_learners_on_a_cpu_cluster_stop_with_the_numbers(ray_cluster, tiny_games, smollm2_path, tmp_path):
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
 
     cfg = load_config(
         "configs/cpu_default.yaml",
@@ -72,10 +72,10 @@ def test_gpu_learners_on_a_cpu_cluster_stop_with_the_numbers(ray_cluster, tiny_g
             "env.n_train=6",
             "env.n_valid=2",
             "placement.learner_num_gpus=1",
-            f"train.run_dir={tmp_path / 'run'}",
+            f"driver.run_dir={tmp_path / 'run'}",
         ],
     )
     with pytest.raises(
         ValueError, match=r"cannot place this run's actors: GPU: the run asks for 1, the cluster has 0"
     ):
-        Trainer(cfg, tmp_path / "run")
+        Driver(cfg, tmp_path / "run")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from logging import getLogger  # by name: the ``logging`` of this package is its section module
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.config.schema import RunConfig
+from selective_rollout.config.schema import RunConfig, move_renamed_sections
+
+log = getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -39,8 +42,9 @@ def _section_keys(section: str) -> list[str]:
 
 
 def _did_you_mean(loc: Sequence[Any]) -> str:
-    """A hint for an unknown ``section.key``: the section that does declare ``key`` (``train:`` is
-    the driver, ``trainer:`` the learner, and the two are easy to mix up), else a close spelling."""
+    """A hint for an unknown ``section.key``: the section that does declare ``key`` (``driver:`` is
+    the driver, ``trainer:`` the learner, and the two are easy to mix up, the more so as the
+    driver's section was called ``train:``), else a close spelling."""
     if len(loc) != 2:
         return ""
     section, key = str(loc[0]), str(loc[1])
@@ -115,15 +119,23 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
     try:
         given = OmegaConf.from_dotlist(list(overrides))
+        for layer in (base, given):
+            move_renamed_sections(layer)
         _drop_replaced_entry_keys(base, given)
         merged = OmegaConf.merge(base, given)
         data: Any = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad override or interpolation: {exc}".splitlines()[0]) from exc
     try:
-        return RunConfig.model_validate(data or {})
+        cfg = RunConfig.model_validate(data or {})
     except ValidationError as exc:
         raise ConfigError(f"config error: {_format_validation_error(exc)}") from None
+    if cfg.gate.name == "none":
+        log.warning(
+            "config: gate.name=none is deprecated; the rollout strategy decides "
+            "whether a gate is consulted: turn it off with rollout.strategy=none (or dapo, preskip)"
+        )
+    return cfg
 
 
 def dump_config(cfg: RunConfig, path: str | Path) -> None:

@@ -77,9 +77,13 @@ class EntrySection(Section):
             return data
         extra = {key: value for key, value in data.items() if key not in cls.model_fields}
         errors: list[InitErrorDetails] = []
-        own = cls.own_params(selected) if cls.selectable(selected) else None
-        if own is None:
-            error = PydanticCustomError("unknown_entry", cls.unknown(selected))
+        try:
+            own = cls.own_params(selected) if cls.selectable(selected) else None
+            problem = None if own is not None else cls.unknown(selected)
+        except ValueError as exc:  # an entry that cannot be loaded (a path to nothing, say)
+            own, problem = None, str(exc)
+        if problem is not None:
+            error = PydanticCustomError("unknown_entry", problem)
             errors.append({"type": error, "loc": (cls.selector,), "input": selected})
         for key, value in extra.items():
             if own is not None and key in own:

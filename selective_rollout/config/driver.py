@@ -1,4 +1,6 @@
-"""Config of the training driver (selective_rollout.train), held-out evaluation and warm start."""
+"""Config of the driver (selective_rollout.driver), held-out evaluation and warm start.
+
+The driver's section is ``driver:``, the learner's ``trainer:``."""
 
 from typing import Literal
 
@@ -8,7 +10,7 @@ from selective_rollout.config.base import Section
 
 
 class DriverConfig(Section):
-    """The training loop (selective_rollout.train)."""
+    """The driver's loop (selective_rollout.driver); ``train:`` is a deprecated spelling of it."""
 
     iterations: int = Field(3, ge=1)
     eval_every: int = Field(
@@ -28,7 +30,7 @@ class DriverConfig(Section):
 
 
 class EvalConfig(Section):
-    """Held-out evaluation, before and after training and every ``train.eval_every`` iterations."""
+    """Held-out evaluation, before and after training and every ``driver.eval_every`` iterations."""
 
     split: Literal["train", "valid_seen", "valid_unseen"] = "valid_unseen"
     num_tasks: int = Field(8, ge=1, description="held-out tasks per evaluation (first N of the split)")

@@ -1,4 +1,4 @@
-"""Config of the GroupCoordinator (selective_rollout.rollout.coordinator).
+"""Config of the rollout source (selective_rollout.rollout: the coordinator or the lock-step loop).
 
 ``rollout.strategy`` names an entry of the strategy registry (``plugins.STRATEGIES``)
 and the selected strategy's own parameters are flat keys of this section (``rollout.preskip_window``),
@@ -15,7 +15,7 @@ from selective_rollout.registry import Registry
 
 
 class RolloutConfig(EntrySection):
-    """The GroupCoordinator: which groups run, how many at once, what enters the batch.
+    """The rollout source: which groups run, how many at once, what enters the batch.
 
     Besides the keys below, the selected strategy's own parameters are keys of this section."""
 
@@ -25,10 +25,14 @@ class RolloutConfig(EntrySection):
     strategy: str = Field(
         "selective",
         description="a registered strategy: none | dapo (post-hoc zero-variance filter) | preskip | "
-        "selective (gate) | selective+dapo (both), or your own; its own keys are listed below",
+        "selective (gate) | selective+dapo (both), or your own; its own keys are listed below. The "
+        "strategy decides whether the gate is consulted: an ungated one (none, dapo, preskip) is how "
+        "the gate is turned off (gate.name=none is a deprecated spelling of that)",
     )
     mode: Literal["concurrent", "lockstep"] = Field(
-        "concurrent", description="lockstep = the paper's loop: one group at a time, all G in lock-step"
+        "concurrent",
+        description="the rollout source: concurrent (rollout.coordinator.GroupCoordinator) or lockstep "
+        "(rollout.lockstep.LockstepRollout, the paper's loop: one group at a time, all G in lock-step)",
     )
     group_size: int = Field(8, ge=2, description="G: trajectories per task")
     groups_per_iteration: int = Field(4, ge=1, description="target trainable groups per iteration")

@@ -1,5 +1,9 @@
 """The root of the run config: one section per component, each owned by its own module."""
 
+import logging
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from selective_rollout.config.agent import AgentConfig
@@ -12,6 +16,27 @@ from selective_rollout.config.logging import LoggingConfig
 from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.rollout import RolloutConfig
 from selective_rollout.config.trainer import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+# sections with a deprecated spelling: the old one is still read, with a warning
+RENAMED_SECTIONS = {"train": "driver"}
+
+
+def move_renamed_sections(tree: MutableMapping[str, Any]) -> None:
+    """Move a section given under its old name to its new one, with one warning line; where one
+    tree has both, the new name's keys win. ``load_config`` calls it on each layer (the file, the
+    overrides) before it merges them, so a later layer still overrides an earlier one whichever
+    name each uses; ``RunConfig`` calls it on what it validates (an old run's saved config)."""
+    for old, new in RENAMED_SECTIONS.items():
+        if old not in tree:
+            continue
+        log.warning("config: the %r section is deprecated; it is read as %r", old, new)
+        moved, given = tree.pop(old), tree.get(new)
+        if isinstance(moved, Mapping) and isinstance(given, Mapping):
+            tree[new] = {**moved, **given}
+        elif given is None:
+            tree[new] = moved
 
 
 class RunConfig(Section):
@@ -28,7 +53,7 @@ class RunConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     # built on use, not at import: validating it reads the trainer's loss registries
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    train: DriverConfig = DriverConfig()
+    driver: DriverConfig = DriverConfig()
     eval: EvalConfig = EvalConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     logging: LoggingConfig = LoggingConfig()
@@ -40,6 +65,14 @@ class RunConfig(Section):
         the episode cap: a profile's regime key should not stop a run with shorter episodes (a test
         or a quick try), whose D_K is then read at its last step."""
         return min(self.logging.regime_k or self.gate.k, self.rollout.max_steps)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_sections(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            data = dict(data)  # the caller's tree stays as given
+            move_renamed_sections(data)
+        return data
 
     @model_validator(mode="after")
     def _gate_within_episode(self) -> "RunConfig":

@@ -1,31 +1,37 @@
 """ALFWorld (``env.name: alfworld``, the default): ``alfworld_env`` behind the seam, unchanged.
 
 Generated ALFWorld-domain games (``env.preset``) or the official data (``env.source: official``),
-played by the real ALFWorld text engine in ``alfworld_env.EnvPool``'s Ray workers.
+played by the real ALFWorld text engine in the env pool's Ray workers (``AlfworldSource``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 from selective_rollout.envs.base import (
     Environment,
     EnvParams,
-    EnvPool,
     Episode,
     Observation,
     PromptText,
+    folder_task,
+    game_dir,
 )
 from selective_rollout.records import Task
+
+if TYPE_CHECKING:
+    from alfworld_env.games import GameInfo
 
 log = logging.getLogger(__name__)
 
 _TASK_MARK = "Your task is to:"
+GAME_FILE = "game.tw-pddl"
 
 
 class AlfworldParams(EnvParams):
@@ -83,24 +89,50 @@ class Alfworld(Environment):
                 )
             n = p.n_train if split == "train" else p.n_valid
             games = load_generated(self.games_dir, split, p.preset, p.games_seed, n)
-        return [Task(g.game_dir, g.task_id, g.task_type) for g in games]
+        return [game_task(g) for g in games]
 
     def cache_key(self) -> list[Any]:
         return [*super().cache_key(), self.params.preset]
 
-    def pool(self, worker_options: dict[str, Any] | None = None) -> EnvPool:
-        from alfworld_env import EnvPool as AlfworldPool
+    def source(self) -> AlfworldSource:
+        return AlfworldSource()
 
-        return AlfworldPool(self.params.num_workers, worker_options)
-
-    def episode(self, game_dir: str) -> Episode:
-        from alfworld_env.engine import Episode as AlfworldEpisode
-
-        return AlfworldEpisode(json.loads((Path(game_dir) / "game.tw-pddl").read_text()))
-
-    def walkthrough(self, game_dir: str) -> list[str]:
-        game = json.loads((Path(game_dir) / "game.tw-pddl").read_text())
+    def walkthrough(self, task: Task) -> list[str]:
+        game = json.loads((game_dir(task) / GAME_FILE).read_text())
         return list(game.get("walkthrough") or [])
 
-    def task_of(self, first: Observation) -> str:
-        return first.obs.split(_TASK_MARK, 1)[-1].strip()
+
+def game_task(game: GameInfo) -> Task:
+    """The task of one ALFWorld game folder (generated or official)."""
+    return folder_task(game.game_dir, game.task_id, game.task_type)
+
+
+@dataclass(frozen=True)
+class AlfworldSource:
+    """ALFWorld PDDL games (``<game_dir>/game.tw-pddl``) opened on the real engine; the workers
+    cache the parsed domain and the translations across episodes (``alfworld_env.speedups``)."""
+
+    parse_cache: bool = True
+
+    @property
+    def errors(self) -> tuple[type[Exception], ...]:
+        from alfworld_env.errors import GameError
+
+        return (GameError,)
+
+    def prepare(self) -> None:
+        from alfworld_env import speedups
+
+        speedups.enable(parse_cache=self.parse_cache, translation_cache=True)
+
+    def open(self, task: Task, n: int) -> list[Episode]:
+        from alfworld_env.engine import Episode as AlfworldEpisode
+
+        game = json.loads((game_dir(task) / GAME_FILE).read_text())
+        return [AlfworldEpisode(game) for _ in range(n)]
+
+    def task_sentence(self, first: Observation) -> str:
+        return first.obs.split(_TASK_MARK, 1)[1].strip() if _TASK_MARK in first.obs else ""
+
+    def describe(self, task: Task) -> str:
+        return str(game_dir(task) / GAME_FILE)

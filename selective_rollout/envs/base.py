@@ -21,28 +21,51 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from selective_rollout.envs.episode import (
+    Episode,
+    EpisodeSource,
+    EpisodeState,
+    Observation,
+    TaskError,
+    as_task_error,
+)
 from selective_rollout.records import Task
 
+__all__ = [
+    "EnvParams",
+    "EnvPool",
+    "Environment",
+    "Episode",
+    "EpisodeSource",
+    "EpisodeState",
+    "Observation",
+    "PromptText",
+    "TaskError",
+    "as_task_error",
+    "folder_task",
+    "game_dir",
+]
 
-class EpisodeState(Protocol):
-    """One episode after a reset or a step, as the pool reports it."""
 
-    episode_id: str
-    obs: str
-    admissible: list[str]
-    reward: float  # the engine's reward for this step
-    done: bool  # the episode ended (won or lost)
-    won: bool
-    task: str  # the task sentence (first observation only)
-    failed: str | None  # why the episode was lost (its worker died, the engine failed), else None
+def folder_task(game_dir: str, task_id: str, task_type: str) -> Task:
+    """The task of a game that lives in a folder (ALFWorld's, TextWorld Cooking's)."""
+    return Task(task_id, task_type, {"game_dir": game_dir})
+
+
+def game_dir(task: Task) -> Path:
+    """The folder of a folder-kind task; a task without one cannot be played."""
+    folder = task.payload.get("game_dir")
+    if not folder:
+        raise TaskError(f"{task.task_id}: the task names no game folder")
+    return Path(folder)
 
 
 class EnvPool(Protocol):
-    """Episodes served by Ray actors. A group is G episodes of one game, opened together."""
+    """Episodes served by Ray actors (``envs.pool.RayEnvPool``, or a test's double). A group is G
+    episodes of one task, opened together."""
 
-    async def reset_group(self, game_dir: str, g: int) -> list[EpisodeState]:
-        """G fresh episodes of one game; raises one of the environment's ``game_errors`` when the
-        game cannot be played."""
+    async def reset_group(self, task: Task, g: int) -> list[EpisodeState]:
+        """G fresh episodes of one task; raises ``TaskError`` when the task cannot be played."""
         ...
 
     async def step(self, actions: dict[str, str]) -> dict[str, EpisodeState]:
@@ -58,27 +81,6 @@ class EnvPool(Protocol):
     async def worker_pids(self) -> list[int]: ...
 
     def shutdown(self) -> None: ...
-
-
-class Observation(Protocol):
-    """What an in-process episode shows after a reset or a step."""
-
-    obs: str
-    admissible: list[str]
-    won: bool
-
-    @property
-    def done(self) -> bool: ...
-
-
-class Episode(Protocol):
-    """One episode played in this process (the warm start replays walkthroughs in it)."""
-
-    def reset(self) -> Observation: ...
-
-    def step(self, command: str) -> Observation: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -152,30 +154,39 @@ class Environment:
         return [str(self.games_dir.resolve())]
 
     # ---------------------------------------------------------------- episodes
-    def pool(self, worker_options: dict[str, Any] | None = None) -> EnvPool:
-        """The Ray actors that play this environment's episodes (Ray must be initialised)."""
+    def source(self) -> EpisodeSource:
+        """How a process opens this environment's episodes (pickled to the env workers)."""
         raise NotImplementedError
 
-    def game_errors(self) -> tuple[type[Exception], ...]:
-        """What the pool's ``reset_group`` raises for a game that cannot be played: such a task
-        is never retried and is skipped for the rest of the run."""
-        from alfworld_env.errors import GameError  # the shared pool's error (alfworld_env.pool)
+    def pool(self, worker_options: dict[str, Any] | None = None) -> EnvPool:
+        """The Ray actors that play this environment's episodes (Ray must be initialised)."""
+        from selective_rollout.envs.pool import RayEnvPool  # imports Ray
 
-        return (GameError,)
+        return RayEnvPool(self.params.num_workers, self.source(), worker_options)
+
+    def game_errors(self) -> tuple[type[Exception], ...]:
+        """What the pool's ``reset_group`` raises for a task that cannot be played: such a task
+        is never retried and is skipped for the rest of the run."""
+        return (TaskError,)
 
     def reward(self, final: EpisodeState) -> float:
         """A finished or truncated trajectory's reward from its last state: 1 for a win."""
         return float(final.won)
 
     # ---------------------------------------------------------------- warm start
-    def episode(self, game_dir: str) -> Episode:
-        """One episode of the game, in this process."""
-        raise NotImplementedError
+    def episode(self, task: Task) -> Episode:
+        """One episode of ``task``, in this process."""
+        source = self.source()
+        source.prepare()
+        with as_task_error(f"open {source.describe(task)}", source.errors):
+            (episode,) = source.open(task, 1)
+        return episode
 
-    def walkthrough(self, game_dir: str) -> list[str]:
-        """The generator's winning commands for the game (what the warm start clones)."""
+    def walkthrough(self, task: Task) -> list[str]:
+        """Winning commands for ``task`` (what the warm start clones); raises ``TaskError`` when
+        the task has none."""
         raise NotImplementedError
 
     def task_of(self, first: Observation) -> str:
-        """The task sentence of an in-process episode's first observation."""
-        raise NotImplementedError
+        """The task sentence of an episode's first observation."""
+        return self.source().task_sentence(first)

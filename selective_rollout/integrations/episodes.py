@@ -7,12 +7,13 @@ threads so an event loop keeps generating meanwhile: episodes of one process tak
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from pathlib import Path
 from typing import Any
 
-from alfworld_env.engine import Episode, Observation
+from alfworld_env.engine import Observation
+from selective_rollout.envs.alfworld import GAME_FILE, AlfworldSource
+from selective_rollout.envs.base import Episode, folder_task
 
 _TEXTWORLD_LOCK = threading.Lock()
 
@@ -30,10 +31,11 @@ class ThreadedEpisode:
 
     @classmethod
     async def open(cls, game_dir: str | Path) -> tuple[ThreadedEpisode, Observation]:
-        game_file = Path(game_dir) / "game.tw-pddl"
+        game_file = Path(game_dir) / GAME_FILE
         if not game_file.is_file():
             raise FileNotFoundError(f"not an ALFWorld game folder (no game.tw-pddl): {game_dir}")
-        episode = await asyncio.to_thread(_locked, Episode, json.loads(game_file.read_text()))
+        task = folder_task(str(game_dir), str(game_dir), "")
+        (episode,) = await asyncio.to_thread(_locked, AlfworldSource().open, task, 1)
         return cls(episode), await asyncio.to_thread(_locked, episode.reset)
 
     async def step(self, command: str) -> Observation:
@@ -41,9 +43,3 @@ class ThreadedEpisode:
 
     async def close(self) -> None:
         await asyncio.to_thread(_locked, self._episode.close)
-
-
-def task_of(obs: str) -> str:
-    """The task sentence of a first observation (``Your task is to: ...``)."""
-    mark = "Your task is to: "
-    return obs.split(mark, 1)[1].strip() if mark in obs else ""

@@ -22,6 +22,7 @@ import torch
 from openrlhf.utils.agent import AgentInstanceBase
 
 from alfworld_env import load_games
+from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.gate import build_gate
 from selective_rollout.integrations.episodes import ThreadedEpisode
 from selective_rollout.integrations.openrlhf import (
@@ -56,7 +57,7 @@ class ALFWorldInstance(AgentInstanceBase):
 
     async def reset(self, states: dict, **kwargs: Any) -> dict:
         self.tokenizer = current_tokenizer()
-        self.builder = PromptBuilder(self.tokenizer, "react")
+        self.builder = PromptBuilder(self.tokenizer, "react", Alfworld.prompt)
         self.episode, ob = await ThreadedEpisode.open(str(states["label"]))
         self.admissible = ob.admissible
         ids = self.builder.prompt([], user_text(ob.obs, ob.admissible))

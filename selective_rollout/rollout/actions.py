@@ -1,4 +1,4 @@
-"""From a model reply to an admissible ALFWorld command, or an explicit invalid action.
+"""From a model reply to an admissible command of the game, or an explicit invalid action.
 
 Small models paraphrase (``Go to Cabinet 1.``), wrap the command in prose, or emit garbage.
 Matching goes exact, then normalised, then fuzzy (normalised Levenshtein similarity from the C

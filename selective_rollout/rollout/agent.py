@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from selective_rollout.config.agent import AgentConfig
-from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.envs.base import PromptText
 from selective_rollout.rollout.actions import ParsedAction, parse_action
 from selective_rollout.rollout.dialogue import Conversation
@@ -26,16 +25,14 @@ from selective_rollout.rollout.prompts import PromptBuilder
 class Agent:
     """Prompt format, parsing and constrained choice for one model's tokenizer."""
 
-    def __init__(self, cfg: AgentConfig, tokenizer: Any, game: PromptText = Alfworld.prompt) -> None:
+    def __init__(self, cfg: AgentConfig, tokenizer: Any, game: PromptText) -> None:
         self.cfg = cfg
         every_turn = cfg.admissible_in_prompt == "every_turn"
-        self.builder = PromptBuilder(tokenizer, cfg.action_format, every_turn, game)
+        self.builder = PromptBuilder(tokenizer, cfg.action_format, game, every_turn)
         self.choice_tries = ChoiceTries(tokenizer, self.builder.eot_id)  # each admissible list's, once
 
     @classmethod
-    def from_model(
-        cls, cfg: AgentConfig, model_path: str | Path, game: PromptText = Alfworld.prompt
-    ) -> Agent:
+    def from_model(cls, cfg: AgentConfig, model_path: str | Path, game: PromptText) -> Agent:
         """The agent for ``model_path``'s tokenizer, worded for ``game`` (the environment's prompt)."""
         from transformers import AutoTokenizer
 

@@ -3,14 +3,16 @@
 The group is where the gate meets the trajectories. After every step of any trajectory it hands
 the action to its ``GateWatch`` (gate/watch.py), which keeps the incremental tracker and asks
 the gate when its schedule says so (in ``at_k`` mode: once every live trajectory has K actions,
-ended ones END-padded), exactly as the integrations' ``LiveGroup`` does. A stop cancels the
-group; an audited stop only records the verdict and lets the group run on in shadow.
+ended ones END-padded), exactly as the integrations' ``LiveGroup`` does. What follows is the
+group's lifecycle (rollout/lifecycle.py): a stop cuts the group, an audited stop lets it run on in
+shadow, and the state it ends in settles its record and whether the learner gets it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,8 +26,8 @@ from selective_rollout.records import (
     Step,
     Trajectory,
     TrajectoryStatus,
-    rewards_equal,
 )
+from selective_rollout.rollout.lifecycle import GroupLifecycle, Verdict
 
 if TYPE_CHECKING:
     from selective_rollout.rollout.dialogue import Conversation
@@ -74,11 +76,9 @@ class GroupRun:
     ) -> None:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self._audits = audits  # asked, when the gate fires, whether to run on in shadow
-        self.audit = False
         self.watch = GateWatch(gate, g, describe=True, task_id=task_id, task_type=task_type)
         self.trajectories: list[TrajectoryRun] = []
-        self.stopped = False  # the gate fired and the group is not audited: cancel it
-        self.failure: str | None = None
+        self.life = GroupLifecycle()
         self.engine_index = 0
         self.sample_key = group_id  # what seeds its trajectories' sampling (the coordinator's key)
         self.started = time.perf_counter()
@@ -88,7 +88,7 @@ class GroupRun:
         """Wait while the gate's decision at the step ``traj`` has reached is still to come (the
         concurrent coordinator with ``rollout.hold_at_gate``): every step of the group's other
         trajectories may bring it, so each one wakes the waiters to look again."""
-        while self.watch.holds(traj.index) and not self.stopped:
+        while self.watch.holds(traj.index) and not self.life.stopped:
             if self._gate_moved is None:
                 self._gate_moved = asyncio.Event()
             await self._gate_moved.wait()
@@ -99,45 +99,36 @@ class GroupRun:
         return self.watch.decision
 
     def after_step(self, traj: TrajectoryRun) -> None:
-        """Hand the trajectory's newest action to the gate's watch; a stop cancels the group
-        unless the audit budget runs it on in shadow."""
+        """Hand the trajectory's newest action to the gate's watch; a stop cuts the group unless
+        the audit budget runs it on in shadow."""
         fired = self.watch.act(traj.index, traj.steps[-1].action, ended=not traj.live)
         if self._gate_moved is not None:
             self._gate_moved.set()
             self._gate_moved = None
-        if fired is None:
-            return
-        if self._audits is not None:
-            self.audit = self._audits.want_audit()
-            self._audits.decided(self.audit)
-        self.stopped = not self.audit
+        if fired is not None:
+            self.life.gate_fired()
+            audit = self._audits is not None and self._audits.want_audit()
+            if self._audits is not None:
+                self._audits.decided(audit)
+            self.life.audit_decided(audit)
+        elif not any(t.live for t in self.trajectories):
+            self.life.trajectories_ended()
 
-    @property
-    def fired(self) -> bool:
-        return self.watch.fired
+    def settle(self, keep: Callable[[bool], bool]) -> Verdict:
+        """The group's verdict (``GroupLifecycle.settle``); ``keep`` is the strategy's."""
+        return self.life.settle([t.reward for t in self.trajectories], keep)
 
-    def outcome(self, keep: bool) -> Outcome:
-        if self.failure is not None:
-            return Outcome.FAILED
-        if self.fired:
-            return Outcome.AUDITED if self.audit else Outcome.CUT
-        return Outcome.COMPLETED if keep else Outcome.FILTERED
-
-    def zero_variance(self) -> bool | None:
-        """Whether the finished group's rewards (the environment's rule, as its record says) are all
-        equal; None when they are unknown (failed, or cut without audit)."""
-        if self.failure is not None or self.stopped:
-            return None
-        return rewards_equal([t.reward for t in self.trajectories])
-
-    def to_record(self, iteration: int, outcome: Outcome, meta: dict) -> GroupRecord:
-        status = TrajectoryStatus.FAILED if outcome is Outcome.FAILED else None
+    def to_record(self, iteration: int, verdict: Verdict) -> GroupRecord:
+        status = TrajectoryStatus.FAILED if verdict.outcome is Outcome.FAILED else None
+        meta: dict[str, object] = {"engine": self.engine_index}
+        if self.life.failure is not None:
+            meta["failure"] = self.life.failure
         return GroupRecord(
             group_id=self.group_id,
             task_id=self.task_id,
             task_type=self.task_type,
             trajectories=[t.record(status) for t in self.trajectories],
-            outcome=outcome,
+            outcome=verdict.outcome,
             iteration=iteration,
             gate=self.decision,
             wall_s=time.perf_counter() - self.started,

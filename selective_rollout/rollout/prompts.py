@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.envs.base import PromptText
 
 ActionFormat = Literal["react", "action"]
@@ -64,14 +63,14 @@ def user_text(obs: str, admissible: Sequence[str] | None, task: str | None = Non
 
 class PromptBuilder:
     """Renders and tokenises dialogue pieces with one tokenizer's chat template, for one game's
-    wording (default: the default environment's, ALFWorld)."""
+    wording (the environment's ``prompt``)."""
 
     def __init__(
         self,
         tokenizer: Any,
         action_format: ActionFormat,
+        game: PromptText,
         lists_every_turn: bool = True,
-        game: PromptText = Alfworld.prompt,
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template")

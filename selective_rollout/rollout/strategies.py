@@ -53,7 +53,9 @@ class Strategy:
         """Learn from a group's outcome (None when unknown, e.g. cut unaudited)."""
 
     def keep(self, zero_variance: bool) -> bool:
-        """Keep a fully rolled-out group for training?"""
+        """Keep a group that finished without a stop for training? (False: it is FILTERED.) Asked
+        once per such group, by its lifecycle (``rollout.lifecycle``); cut, audited and failed
+        groups are not the strategy's to keep."""
         return not (self.filters_zero_variance and zero_variance)
 
 

@@ -1,8 +1,10 @@
 """Config loading: YAML + dotted overrides, strict validation with one clear error line."""
 
+import logging
+
 import pytest
 
-from selective_rollout.config import ConfigError, dump_config, load_config
+from selective_rollout.config import ConfigError, RunConfig, dump_config, load_config
 
 
 def test_overrides_apply_over_yaml(tmp_path):
@@ -39,9 +41,11 @@ def test_bad_values_name_the_key(overrides, match):
 @pytest.mark.parametrize(
     ("override", "hint"),
     [
-        # train: is the driver, trainer: the learner: a key put in the other one is pointed there
-        ("train.lr=1e-5", "train.lr: unknown key (did you mean trainer.lr or warm_start.lr?)"),
-        ("trainer.iterations=3", "trainer.iterations: unknown key (did you mean train.iterations?)"),
+        # driver: is the driver, trainer: the learner: a key put in the other one is pointed there
+        ("driver.lr=1e-5", "driver.lr: unknown key (did you mean trainer.lr or warm_start.lr?)"),
+        # the driver's section under its old name is read as the driver's
+        ("train.lr=1e-5", "driver.lr: unknown key (did you mean trainer.lr or warm_start.lr?)"),
+        ("trainer.iterations=3", "trainer.iterations: unknown key (did you mean driver.iterations?)"),
         ("rollout.group_sise=3", "rollout.group_sise: unknown key (did you mean rollout.group_size?)"),
         # an entry's own parameter (the prefix_edit gate's tau) is a key of its section too
         ("gate.taux=0.1", "gate.taux: unknown key (did you mean gate.tau?)"),
@@ -86,3 +90,34 @@ def test_dump_round_trips(tmp_path):
     cfg = load_config(None, ["gate.tau=0.07", "seed=3"])
     dump_config(cfg, tmp_path / "resolved.yaml")
     assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_the_driver_section_s_old_name_is_read_with_one_warning_line(tmp_path, caplog):
+    old = tmp_path / "old.yaml"
+    old.write_text("train:\n  iterations: 5\n  eval_every: 2\n")
+    with caplog.at_level(logging.WARNING, logger="selective_rollout.config"):
+        cfg = load_config(old)
+    assert (cfg.driver.iterations, cfg.driver.eval_every) == (5, 2)
+    (line,) = _warnings(caplog)
+    assert line == "config: the 'train' section is deprecated; it is read as 'driver'"
+    # a later layer overrides an earlier one whichever name each uses
+    assert load_config(old, ["driver.iterations=7"]).driver.iterations == 7
+    assert load_config("configs/cpu_default.yaml", ["train.iterations=9"]).driver.iterations == 9
+    # an old run's saved config still validates (the experiment runner compares against it)
+    assert RunConfig.model_validate({"train": {"iterations": 4}}).driver.iterations == 4
+
+
+def test_gate_name_none_is_read_with_one_warning_line_and_the_strategy_is_the_switch(caplog):
+    with caplog.at_level(logging.WARNING, logger="selective_rollout.config"):
+        cfg = load_config(None, ["rollout.strategy=selective", "gate.name=none"])
+    assert cfg.gate.name == "none" and cfg.rollout.uses_gate  # runs as before: a gate that never stops
+    (line,) = _warnings(caplog)
+    assert "gate.name=none is deprecated" in line and "rollout.strategy=none" in line
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="selective_rollout.config"):
+        assert not load_config(None, ["rollout.strategy=none"]).rollout.uses_gate
+    assert _warnings(caplog) == []

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 def test_an_engine_killed_mid_rollout_is_replaced_and_the_run_finishes(ray_cluster, tiny_games, tmp_path):
     import ray
 
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
 
     run_dir = tmp_path / "run"
     cfg = load_config(
@@ -40,20 +40,27 @@ def test_an_engine_killed_mid_rollout_is_replaced_and_the_run_finishes(ray_clust
             "engine.temperature=1.0",
             "warm_start.enabled=false",
             "eval.num_tasks=1",
-            "train.iterations=1",
-            f"train.run_dir={run_dir}",
+            "driver.iterations=1",
+            f"driver.run_dir={run_dir}",
             "logging.progress=false",
         ],
     )
-    trainer = Trainer(cfg, run_dir)
+    driver = Driver(cfg, run_dir)
     killed: list[int] = []
 
     def kill_the_engine_once_it_generates() -> None:
-        pid = ray.get(trainer.engines[0].location.remote())["pid"]
+        """Kill it mid-rollout of iteration 0: once it generates beyond what the "before" evaluation
+        took (a kill right after the evaluation could land before the rollout starts)."""
+        pid = ray.get(driver.engines[0].location.remote())["pid"]
         deadline = time.time() + 600
+        evaluated_tokens = None
         while time.time() < deadline:
-            if ray.get(trainer.engines[0].health.remote())["generated_tokens"] > 0 and trainer.state["eval"]:
-                os.kill(pid, signal.SIGKILL)  # mid-rollout of iteration 0 (after the "before" evaluation)
+            evaluated = bool(driver.state["eval"])  # read first: the tokens below then include the eval's
+            tokens = ray.get(driver.engines[0].health.remote())["generated_tokens"]
+            if evaluated_tokens is None and evaluated:
+                evaluated_tokens = tokens
+            elif evaluated_tokens is not None and tokens > evaluated_tokens:
+                os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
                 return
             time.sleep(0.2)
@@ -61,12 +68,12 @@ def test_an_engine_killed_mid_rollout_is_replaced_and_the_run_finishes(ray_clust
     killer = threading.Thread(target=kill_the_engine_once_it_generates, daemon=True)
     killer.start()
     try:
-        report = trainer.run()
-        after_engine = ray.get(trainer.engines[0].weights_checksum.remote())
-        after_learner = trainer.learner.weights_checksum(engine_dtype(cfg.engine.dtype, "cpu"))
-        new_pid = ray.get(trainer.engines[0].location.remote())["pid"]
+        report = driver.run()
+        after_engine = ray.get(driver.engines[0].weights_checksum.remote())
+        after_learner = driver.learner.weights_checksum(engine_dtype(cfg.engine.dtype, "cpu"))
+        new_pid = ray.get(driver.engines[0].location.remote())["pid"]
     finally:
-        trainer.close()
+        driver.close()
     killer.join(timeout=5)
     assert killed and new_pid != killed[0]
     (metrics,) = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["iteration"] == 0]

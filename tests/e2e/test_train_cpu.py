@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     import ray
 
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
 
     run_dir = tmp_path / "run"
     cfg = load_config(
@@ -50,24 +50,24 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             "warm_start.epochs=3",
             f"warm_start.cache_dir={tmp_path / 'warm'}",
             "eval.num_tasks=1",  # before and after: what the report needs, at the least cost
-            "train.iterations=2",
-            f"train.run_dir={run_dir}",
+            "driver.iterations=2",
+            f"driver.run_dir={run_dir}",
             "logging.backends=[jsonl,wandb]",
             "logging.progress=false",
         ],
     )
-    trainer = Trainer(cfg, run_dir)
+    driver = Driver(cfg, run_dir)
     try:
-        before = ray.get(trainer.engines[0].weights_checksum.remote())
-        report = trainer.run()
-        after_engine = ray.get(trainer.engines[0].weights_checksum.remote())
+        before = ray.get(driver.engines[0].weights_checksum.remote())
+        report = driver.run()
+        after_engine = ray.get(driver.engines[0].weights_checksum.remote())
         dtype = engine_dtype(cfg.engine.dtype, "cpu")
-        after_learner = trainer.learner.weights_checksum(dtype if dtype != "auto" else None)
+        after_learner = driver.learner.weights_checksum(dtype if dtype != "auto" else None)
     finally:
-        trainer.close()
+        driver.close()
     # closing frees the engines even though this test still holds their handles
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(trainer.engines[0].health.remote(), timeout=60)
+        ray.get(driver.engines[0].health.remote(), timeout=60)
 
     # the policy changed, and the engines serve exactly the learner's weights
     assert after_engine != before

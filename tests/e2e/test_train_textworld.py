@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
 def test_textworld_profile_one_iteration(ray_cluster, cooking_games, tmp_path):
-    from selective_rollout.train import Trainer
+    from selective_rollout.driver import Driver
 
     run_dir = tmp_path / "run"
     cfg = load_config(
@@ -38,18 +38,18 @@ def test_textworld_profile_one_iteration(ray_cluster, cooking_games, tmp_path):
             "warm_start.epochs=1",
             f"warm_start.cache_dir={tmp_path / 'warm'}",
             "eval.num_tasks=1",
-            "train.iterations=1",
-            f"train.run_dir={run_dir}",
+            "driver.iterations=1",
+            f"driver.run_dir={run_dir}",
             "logging.backends=[jsonl]",
             "logging.progress=false",
         ],
     )
     assert cfg.env.name == "tw-cooking" and cfg.rollout.strategy == "selective"
-    trainer = Trainer(cfg, run_dir)
+    driver = Driver(cfg, run_dir)
     try:
-        report = trainer.run()
+        report = driver.run()
     finally:
-        trainer.close()
+        driver.close()
 
     (metrics,) = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["iteration"] == 0]
     assert metrics["rollout/groups_started"] >= 1 and metrics["env/steps"] > 0

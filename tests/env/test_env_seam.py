@@ -12,6 +12,7 @@ from pydantic import Field
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
 from selective_rollout.envs import ENVS, Environment, EnvParams, PromptText, register_env
+from selective_rollout.envs.base import folder_task
 from selective_rollout.records import Outcome, Task
 from selective_rollout.rollout.coordinator import GroupCoordinator
 from tests.rollout.test_coordinator_unit import GAMES, SCRIPTS, ScriptedAgent, ScriptedEngine, _State
@@ -34,13 +35,14 @@ class ToyPool:
         self.open: set[str] = set()
         self.n = 0
 
-    async def reset_group(self, game_dir: str, g: int) -> list[_State]:
+    async def reset_group(self, task: Task, g: int) -> list[_State]:
+        game_dir = task.payload["game_dir"]
         if game_dir == "broken":
             raise ToyGameError(f"{game_dir}: unreadable")
         ids = [f"{game_dir}:{self.n + i}" for i in range(g)]
         self.n += g
         self.open.update(ids)
-        return [_State(eid) for eid in ids]
+        return [_State(eid, task=game_dir) for eid in ids]  # the scripted agent reads the script here
 
     async def step(self, actions: dict[str, str]) -> dict[str, _State]:
         return {eid: _State(eid, won=a == "win", done=a in ("win", "quit")) for eid, a in actions.items()}
@@ -60,7 +62,7 @@ class Toy(Environment):
         return "toy-games"
 
     def tasks(self, split: str) -> list[Task]:
-        return [Task(g, f"{split}/{g}", "toy") for g in GAMES]
+        return [folder_task(g, f"{split}/{g}", "toy") for g in GAMES]
 
     def pool(self, worker_options=None) -> ToyPool:
         return ToyPool()
@@ -124,15 +126,7 @@ def _coordinator(overrides: list[str]) -> tuple[GroupCoordinator, ToyPool]:
     cfg = load_config(None, [*base, *overrides])
     env = cfg.env.build()
     pool = env.pool()
-    agent = ScriptedAgent()
-    coordinator = GroupCoordinator(cfg, [ScriptedEngine(SCRIPTS)], pool, agent)
-    original = coordinator._open_group
-
-    async def open_group(task, group):
-        agent.current = GAMES.index(task.game_dir) if task.game_dir in GAMES else 0
-        await original(task, group)
-
-    coordinator._open_group = open_group
+    coordinator = GroupCoordinator(cfg, [ScriptedEngine(SCRIPTS)], pool, ScriptedAgent())
     return coordinator, pool
 
 
@@ -140,7 +134,7 @@ def test_the_coordinator_plays_the_toy_with_its_reward_rule(toy_env):
     coordinator, pool = _coordinator(
         ["env.win_reward=3", "rollout.strategy=none", "rollout.groups_per_iteration=1"]
     )
-    tasks = [Task("diverge_mixed", "train/diverge_mixed", "toy")]
+    tasks = [folder_task("diverge_mixed", "train/diverge_mixed", "toy")]
     batch = asyncio.run(coordinator.rollout(tasks))
     (record,) = batch.groups
     assert record.outcome is Outcome.COMPLETED
@@ -151,7 +145,10 @@ def test_the_coordinator_plays_the_toy_with_its_reward_rule(toy_env):
 
 def test_the_toy_s_game_errors_mark_a_bad_game(toy_env):
     coordinator, _ = _coordinator(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
-    tasks = [Task("broken", "train/broken", "toy"), Task("converge_win", "train/converge_win", "toy")]
+    tasks = [
+        folder_task("broken", "train/broken", "toy"),
+        folder_task("converge_win", "train/converge_win", "toy"),
+    ]
     batch = asyncio.run(coordinator.rollout(tasks))
     assert [r.outcome for r in batch.groups] == [Outcome.FAILED, Outcome.COMPLETED]
     assert "bad game" in batch.groups[0].meta["failure"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.config import load_config
+from selective_rollout.envs.base import game_dir
 from selective_rollout.runtime import held_out_tasks, train_tasks
 
 
@@ -14,7 +15,7 @@ def test_a_folder_with_more_games_gives_exactly_the_configured_set(tiny_games):
     )
     tasks = train_tasks(cfg)
     assert len(tasks) == 4  # the folder holds 6
-    assert all(t.game_dir.endswith(tuple(f"_{i:05d}" for i in range(4))) for t in tasks)
+    assert all(str(game_dir(t)).endswith(tuple(f"_{i:05d}" for i in range(4))) for t in tasks)
     assert len(held_out_tasks(cfg)) == 2
 
 
@@ -40,7 +41,6 @@ def test_env_generate_makes_the_set_in_any_folder(tmp_path):
 
 def test_a_mixed_set_deals_every_task_type_in_both_presets(tmp_path):
     from collections import Counter
-    from pathlib import Path
 
     out = tmp_path / "mix"
     cfg = load_config(
@@ -54,7 +54,7 @@ def test_a_mixed_set_deals_every_task_type_in_both_presets(tmp_path):
         ],
     )
     tasks = train_tasks(cfg)
-    presets = Counter((t.task_type, Path(t.game_dir).name.split("_")[1]) for t in tasks)
+    presets = Counter((t.task_type, game_dir(t).name.split("_")[1]) for t in tasks)
     assert len(tasks) == 12 and set(presets.values()) == {1}  # 6 task types x {tiny, small}
     assert {preset for _, preset in presets} == {"tiny", "small"}
 

@@ -1,4 +1,4 @@
-"""EnvPool over the real Ray cluster: groups, concurrent steps, close, and a killed worker."""
+"""The env pool over the real Ray cluster: groups, concurrent steps, close, and a killed worker."""
 
 from __future__ import annotations
 
@@ -7,31 +7,33 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from alfworld_env import EnvPool, load_games
+from selective_rollout.envs.alfworld import AlfworldSource
+from selective_rollout.envs.base import game_dir
+from selective_rollout.envs.pool import RayEnvPool
+from tests.fixtures.games import alfworld_tasks
 
 pytestmark = pytest.mark.ray
 
 
-def _walkthrough(game_dir: str) -> list[str]:
-    return json.loads((Path(game_dir) / "game.tw-pddl").read_text())["walkthrough"]
+def _walkthrough(task) -> list[str]:
+    return json.loads((game_dir(task) / "game.tw-pddl").read_text())["walkthrough"]
 
 
 def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games):
-    games = load_games(tiny_games, "train")
-    pool = EnvPool(num_workers=2)
+    games = alfworld_tasks(tiny_games)
+    pool = RayEnvPool(2, AlfworldSource())
 
     async def scenario() -> None:
-        a = await pool.reset_group(games[0].game_dir, 3)
-        b = await pool.reset_group(games[1].game_dir, 2)
+        a = await pool.reset_group(games[0], 3)
+        b = await pool.reset_group(games[1], 2)
         assert len({s.episode_id for s in a + b}) == 5
         assert all(s.task and s.admissible and not s.done for s in a + b)
 
         # The walkthrough wins for one copy; the others, given other commands, do not.
-        plan = _walkthrough(games[0].game_dir)
+        plan = _walkthrough(games[0])
         winner, others = a[0].episode_id, [s.episode_id for s in a[1:]]
         for i, cmd in enumerate(plan):
             out = await pool.step({winner: cmd, **dict.fromkeys(others, "look")})
@@ -51,7 +53,7 @@ def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games)
         assert "died" in out[b[0].episode_id].failed
 
         # New groups still open and play, on live (or replaced) workers.
-        c = await pool.reset_group(games[2].game_dir, 2)
+        c = await pool.reset_group(games[2], 2)
         out = await pool.step({s.episode_id: "look" for s in c})
         assert all(o.failed is None and o.obs for o in out.values())
         assert set(await pool.worker_pids()) != victim_pids
@@ -66,12 +68,12 @@ def test_pool_plays_groups_and_survives_a_killed_worker(ray_cluster, tiny_games)
 
 
 def test_two_workers_killed_at_once_are_replaced_once_each(ray_cluster, tiny_games):
-    games = load_games(tiny_games, "train")
-    pool = EnvPool(num_workers=2)
+    games = alfworld_tasks(tiny_games)
+    pool = RayEnvPool(2, AlfworldSource())
 
     async def scenario() -> None:
-        a = await pool.reset_group(games[0].game_dir, 4)
-        b = await pool.reset_group(games[1].game_dir, 4)
+        a = await pool.reset_group(games[0], 4)
+        b = await pool.reset_group(games[1], 4)
         assert pool._where[a[0].episode_id] != pool._where[b[0].episode_id]
         for pid in await pool.worker_pids():
             os.kill(pid, signal.SIGKILL)
@@ -81,8 +83,8 @@ def test_two_workers_killed_at_once_are_replaced_once_each(ray_cluster, tiny_gam
         outs = await asyncio.gather(*(pool.step({s.episode_id: "look" for s in h}) for h in halves))
         assert all(st.failed and st.done for out in outs for st in out.values())
         await pool.close([s.episode_id for s in a + b])
-        c = await pool.reset_group(games[2].game_dir, 2)  # both fresh workers play
-        d = await pool.reset_group(games[3].game_dir, 2)
+        c = await pool.reset_group(games[2], 2)  # both fresh workers play
+        d = await pool.reset_group(games[3], 2)
         assert pool._where[c[0].episode_id] != pool._where[d[0].episode_id]
         out = await pool.step({s.episode_id: "look" for s in c + d})
         assert all(st.failed is None for st in out.values())

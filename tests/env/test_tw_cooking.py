@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from selective_rollout.config import load_config
+from selective_rollout.envs.base import folder_task, game_dir
 from selective_rollout.envs.tw_cooking.engine import GAME_FILE, CookingEpisode
 from selective_rollout.envs.tw_cooking.games import LEVELS, META, generate_game, load_tasks, walkthrough
 
@@ -31,7 +32,7 @@ def test_generated_games_hold_a_compiled_game_and_a_verified_walkthrough(cooking
     tasks = load_tasks(cooking_games, "train", "easy", 0, 3)
     assert [t.task_type for t in tasks] == ["tw-cooking-easy"] * 3
     for t in tasks:
-        folder = Path(t.game_dir)
+        folder = game_dir(t)
         assert (folder / GAME_FILE).is_file() and (folder / "game.json").is_file()
         meta = json.loads((folder / META).read_text())
         assert meta["level"] == "easy" and meta["walkthrough"][-2:] == ["prepare meal", "eat meal"]
@@ -39,7 +40,7 @@ def test_generated_games_hold_a_compiled_game_and_a_verified_walkthrough(cooking
 
 
 def test_generation_is_deterministic_and_idempotent(cooking_games, tmp_path):
-    first = Path(load_tasks(cooking_games, "train", "easy", 0, 1)[0].game_dir)
+    first = game_dir(load_tasks(cooking_games, "train", "easy", 0, 1)[0])
     again = generate_game(tmp_path, "train", 0, 0, "easy")
     assert walkthrough(again) == walkthrough(first)  # game i depends only on (seed, split, level, i)
     stamp = (again / GAME_FILE).stat().st_mtime_ns
@@ -52,7 +53,7 @@ def test_held_out_splits_use_other_foods(cooking_games):
     train = load_tasks(cooking_games, "train", "easy", 0, 1)[0]
     unseen = load_tasks(cooking_games, "valid_unseen", "easy", 0, 1)[0]
     food = {
-        json.loads((Path(t.game_dir) / "game.json").read_text())["metadata"]["ingredients"][0][0]
+        json.loads((game_dir(t) / "game.json").read_text())["metadata"]["ingredients"][0][0]
         for t in (train, unseen)
     }
     assert len(food) == 2
@@ -61,12 +62,12 @@ def test_held_out_splits_use_other_foods(cooking_games):
 def test_the_walkthrough_wins_on_the_real_engine_with_reward_one(cooking_games):
     env = _env(cooking_games)
     (task, *_) = env.tasks("train")
-    episode = env.episode(task.game_dir)
+    episode = env.episode(task)
     try:
         first = episode.reset()
         assert first.obs.startswith(OBJECTIVE)  # the ASCII-art banner is gone
         assert env.task_of(first).startswith(OBJECTIVE) and "examine cookbook" in first.admissible
-        plan = env.walkthrough(task.game_dir)
+        plan = env.walkthrough(task)
         assert plan[0] in first.admissible
         for i, command in enumerate(plan):
             ob = episode.step(command)
@@ -79,10 +80,10 @@ def test_the_walkthrough_wins_on_the_real_engine_with_reward_one(cooking_games):
 def test_eating_an_ingredient_loses_the_episode_with_reward_zero(cooking_games):
     env = _env(cooking_games)
     task = env.tasks("train")[0]
-    episode = CookingEpisode(Path(task.game_dir) / GAME_FILE)
+    episode = CookingEpisode(game_dir(task) / GAME_FILE)
     try:
         ob = episode.reset()
-        for command in env.walkthrough(task.game_dir):
+        for command in env.walkthrough(task):
             ob = episode.step(command)
             if command.startswith("take") and "knife" not in command:
                 break
@@ -91,7 +92,7 @@ def test_eating_an_ingredient_loses_the_episode_with_reward_zero(cooking_games):
     finally:
         episode.close()
     assert ob.lost and ob.done and not ob.won
-    from alfworld_env.pool import EpisodeState
+    from selective_rollout.envs.base import EpisodeState
 
     assert env.reward(EpisodeState("e", ob.obs, [], 0.0, ob.done, ob.won)) == 0.0
     assert env.reward(EpisodeState("e", "", [], 1.0, True, True)) == 1.0
@@ -112,11 +113,11 @@ def test_levels_and_defaults():
 def test_the_pool_plays_a_group_on_ray_workers(ray_cluster, cooking_games):
     env = _env(cooking_games, "env.num_workers=1")
     task = env.tasks("train")[0]
-    plan = env.walkthrough(task.game_dir)
+    plan = env.walkthrough(task)
     pool = env.pool({"num_cpus": 0.5})
 
     async def play():
-        states = await pool.reset_group(task.game_dir, 3)
+        states = await pool.reset_group(task, 3)
         assert all(s.task.startswith(OBJECTIVE) and s.admissible for s in states)
         winner, loser, idle = (s.episode_id for s in states)
         out = {}
@@ -130,7 +131,9 @@ def test_the_pool_plays_a_group_on_ray_workers(ray_cluster, cooking_games):
         assert won.won and won.done and env.reward(won) == 1.0
         assert not other.done and env.reward(other) == 0.0
         with pytest.raises(env.game_errors(), match=GAME_FILE):
-            asyncio.run(pool.reset_group(str(cooking_games / "nowhere"), 2))
+            asyncio.run(
+                pool.reset_group(folder_task(str(cooking_games / "nowhere"), "train/nowhere", "x"), 2)
+            )
         assert asyncio.run(pool.metrics())["env/steps"] == 2 * len(plan)
     finally:
         pool.shutdown()
@@ -154,7 +157,7 @@ def test_the_warm_start_clones_a_cooking_walkthrough_in_the_cooking_prompt(cooki
     games = warm_start_games(cfg, cooking_games)
     assert [g.task_id for g in games] == [t.task_id for t in env.tasks("train")[:2]]
     agent = Agent(cfg.agent, smollm2_tokenizer, env.prompt)
-    (sequence,) = expert_dialogue(games[0].game_dir, agent, cfg.rollout.max_steps, env)
+    (sequence,) = expert_dialogue(games[0], agent, cfg.rollout.max_steps, env)
     text = smollm2_tokenizer.decode(sequence.token_ids)
     assert "You are an agent in a text adventure about cooking a meal" in text and "household" not in text
     cloned = smollm2_tokenizer.decode(

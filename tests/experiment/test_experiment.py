@@ -318,7 +318,7 @@ def test_gate_memory_names_earlier_arms_on_other_seeds(tmp_path):
         "gate.observe_logs=[out/ref-s0/rollouts.jsonl,out/ref-s2/rollouts.jsonl,"
         "out/dapo-s0/rollouts.jsonl,out/dapo-s2/rollouts.jsonl]"
     ]
-    assert got[-4:] == ["seed=1", "train.task_shuffle_seed=1", "name=hist-s1", "train.run_dir=out/hist-s1"]
+    assert got[-4:] == ["seed=1", "driver.task_shuffle_seed=1", "name=hist-s1", "driver.run_dir=out/hist-s1"]
     assert not any(o.startswith("gate.observe_logs") for o in run_overrides(exp, Path("out"), "ref", 1))
     for text, match in [
         ("arms: {ref: [], hist: []}\nseeds: [0, 1]\ngate_memory: {hist: [nope]}", "not in arms"),
@@ -378,7 +378,7 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
     from selective_rollout.config import dump_config, load_config
     from selective_rollout.experiment import finished_run
 
-    cfg = load_config("configs/cpu_default.yaml", ["train.iterations=2"])
+    cfg = load_config("configs/cpu_default.yaml", ["driver.iterations=2"])
     run = tmp_path / "arm-s0"
     assert not finished_run(run, cfg)  # nothing there yet
     run.mkdir()
@@ -389,9 +389,9 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
     (run / "report.json").write_text('{"iterations": 2, "eval": {"before": {}, "after": {}}}')
     assert finished_run(run, cfg)
     with pytest.raises(ConfigError, match="different config"):
-        finished_run(run, load_config("configs/cpu_default.yaml", ["train.iterations=2", "gate.k=10"]))
+        finished_run(run, load_config("configs/cpu_default.yaml", ["driver.iterations=2", "gate.k=10"]))
     # where and on which allocator the actors ran is not part of what the run computed
-    moved = ["train.iterations=2", "placement.engine_allocator=jemalloc", "placement.env_worker_spread=true"]
+    moved = ["driver.iterations=2", "placement.engine_allocator=jemalloc", "placement.env_worker_spread=true"]
     assert finished_run(run, load_config("configs/cpu_default.yaml", moved))
 
 
@@ -416,7 +416,7 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
         "gate.tau=0.5",
         "warm_start.enabled=false",
         "eval.num_tasks=1",
-        "train.iterations=1",
+        "driver.iterations=1",
         "logging.backends=[jsonl]",
         "logging.progress=false",
     ]
@@ -464,14 +464,14 @@ def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
 def test_a_variant_takes_the_base_and_overrides_of_its_origin(tmp_path):
     (tmp_path / "origin.yaml").write_text(
         "base: " + str(Path("configs/cpu_default.yaml").resolve()) + "\n"
-        "overrides: [train.iterations=8, eval.tries=4]\narms: {a: [], b: []}\n"
+        "overrides: [driver.iterations=8, eval.tries=4]\narms: {a: [], b: []}\n"
     )
     (tmp_path / "variant.yaml").write_text(
         "overrides_of: origin.yaml\noverrides: [eval.tries=2]\narms: {a: [], c: [trainer.lr=1e-5]}\n"
     )
     exp, base = load_experiment(tmp_path / "variant.yaml")
     assert base == Path("configs/cpu_default.yaml").resolve()
-    assert exp.overrides == ["train.iterations=8", "eval.tries=4", "eval.tries=2"]  # its own last
+    assert exp.overrides == ["driver.iterations=8", "eval.tries=4", "eval.tries=2"]  # its own last
     (tmp_path / "both.yaml").write_text("base: x.yaml\noverrides_of: origin.yaml\narms: {a: [], b: []}\n")
     with pytest.raises(ConfigError, match="both name a base run config"):
         load_experiment(tmp_path / "both.yaml")

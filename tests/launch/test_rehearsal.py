@@ -57,7 +57,7 @@ def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
         "rollout.max_steps=15",
         "engine.num_engines=2",
         "trainer.num_learners=2",
-        "train.iterations=2",
+        "driver.iterations=2",
     ]
     # The 135M model, untrained, cannot write a ReAct thought and an ALFWorld command (the 7B can):
     # it chooses among the admissible commands.

@@ -87,7 +87,8 @@ def test_bad_invocations_exit_2_with_one_line(
 
 def test_the_run_folder_lands_in_the_checkouts_runs_unless_the_arguments_choose_one() -> None:
     args = ["--config", "c.yaml", "gate.k=3"]
-    assert with_runs_dir(args, "/repo/runs") == [*args, "train.runs_dir=/repo/runs"]
-    for chosen in ("train.runs_dir=/shared/runs", "train.run_dir=/shared/runs/r1"):
+    assert with_runs_dir(args, "/repo/runs") == [*args, "driver.runs_dir=/repo/runs"]
+    chosen_by_name = ("driver.runs_dir=/shared/runs", "driver.run_dir=/shared/runs/r1")
+    for chosen in (*chosen_by_name, "train.runs_dir=/shared/runs", "train.run_dir=/shared/runs/r1"):
         assert with_runs_dir([*args, chosen], "/repo/runs") == [*args, chosen]
     assert with_runs_dir(args, "") == args

@@ -61,8 +61,8 @@ def test_one_training_iteration_with_env_workers_on_both_nodes(
         "gate.k=2",
         "warm_start.enabled=false",
         "eval.num_tasks=1",
-        "train.iterations=1",
-        f"train.run_dir={run_dir}",
+        "driver.iterations=1",
+        f"driver.run_dir={run_dir}",
         "logging.backends=[jsonl]",
         "logging.progress=false",
     ]

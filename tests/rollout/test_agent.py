@@ -10,16 +10,19 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from selective_rollout.config.agent import AgentConfig
+from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.rollout.actions import INVALID_ACTION, normalise, parse_action
 from selective_rollout.rollout.agent import Agent
 from selective_rollout.rollout.engines import SamplingParams
 
 ADMISSIBLE = ["go to cabinet 1", "go to cabinet 10", "open fridge 1", "take mug 2 from countertop 1", "look"]
 
+PROMPT = Alfworld.prompt  # the agent is worded for one game; these tests use ALFWorld's
+
 
 @pytest.fixture(scope="module")
 def agent(smollm2_tokenizer):
-    return Agent(AgentConfig(history_turns=4), smollm2_tokenizer)
+    return Agent(AgentConfig(history_turns=4), smollm2_tokenizer, PROMPT)
 
 
 def reply_ids(tok, text: str, ended: bool) -> list[int]:
@@ -61,11 +64,11 @@ def test_listing_once_sends_the_commands_only_in_a_segments_first_turn(smollm2_t
     says so, and a new segment lists the commands again (its first turn must stand alone)."""
     tok = smollm2_tokenizer
     cfg = AgentConfig(history_turns=2, admissible_in_prompt="first_turn")
-    agent = Agent(cfg, tok)
+    agent = Agent(cfg, tok, PROMPT)
     assert "list of admissible" not in agent.builder.system
     conv = agent.start("put a mug in the fridge", "You are in the middle of a room.", ADMISSIBLE)
     assert "Admissible actions:" in tok.decode(conv.prompt_ids)
-    every_turn = Agent(AgentConfig(history_turns=2), tok).start("t", "o", ADMISSIBLE)
+    every_turn = Agent(AgentConfig(history_turns=2), tok, PROMPT).start("t", "o", ADMISSIBLE)
     for t, reply in enumerate(["go to cabinet 1", "open fridge 1", "look"]):
         ids = reply_ids(tok, reply, ended=True)
         conv.add_completion(ids, reply)
@@ -130,9 +133,11 @@ def test_extend_without_the_completion_is_an_error(agent):
 
 def test_sampling_adds_the_admissible_choices_only_when_constrained(smollm2_tokenizer):
     base = SamplingParams(max_tokens=16)
-    on = Agent(AgentConfig(), smollm2_tokenizer).sampling(ADMISSIBLE + ["look"], base)
+    on = Agent(AgentConfig(), smollm2_tokenizer, PROMPT).sampling(ADMISSIBLE + ["look"], base)
     assert on.choices == ADMISSIBLE and on.max_tokens == 16 and base.choices is None
-    off = Agent(AgentConfig(constrain_to_admissible=False), smollm2_tokenizer).sampling(ADMISSIBLE, base)
+    off = Agent(AgentConfig(constrain_to_admissible=False), smollm2_tokenizer, PROMPT).sampling(
+        ADMISSIBLE, base
+    )
     assert off.choices is None
 
 

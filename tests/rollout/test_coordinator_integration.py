@@ -15,8 +15,10 @@ import time
 import pytest
 
 from selective_rollout.config import load_config
+from selective_rollout.envs.alfworld import game_task
+from selective_rollout.envs.base import folder_task
 from selective_rollout.records import Outcome, read_groups
-from selective_rollout.rollout.coordinator import Task, create_coordinator
+from selective_rollout.rollout.coordinator import create_coordinator
 from selective_rollout.rollout.engines import create_engines
 
 pytestmark = pytest.mark.ray
@@ -47,7 +49,7 @@ def engine(ray_cluster, smollm2_path):
 def tasks(tiny_games):
     from alfworld_env import load_games
 
-    return [Task(g.game_dir, g.task_id, g.task_type) for g in load_games(tiny_games, "train")]
+    return [game_task(g) for g in load_games(tiny_games, "train")]
 
 
 def rollout(engine, smollm2_path, tasks, tmp_path, overrides, iteration=0):
@@ -213,7 +215,7 @@ def test_bad_game_is_reported_by_path_and_skipped_in_training_and_evaluation(
 
     from selective_rollout.policy_eval import success_summary
 
-    bad = Task(str(broken_game), "broken-task", tasks[0].task_type)
+    bad = folder_task(str(broken_game), "broken-task", tasks[0].task_type)
     cfg = load_config(None, [*BASE, "rollout.strategy=none", "rollout.groups_per_iteration=1"])
     coordinator = create_coordinator(cfg, [engine], smollm2_path, tmp_path)
     try:

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from alfworld_env.errors import GameError
 from selective_rollout.config import load_config
+from selective_rollout.envs.base import TaskError, folder_task
 from selective_rollout.records import Outcome, read_groups
-from selective_rollout.rollout.coordinator import GroupCoordinator, Task, evaluation_config
+from selective_rollout.rollout.coordinator import GroupCoordinator, evaluation_config, rollout_source
 from selective_rollout.rollout.dialogue import Conversation
 from selective_rollout.rollout.engines import Completion, CompletionOutput, SamplingParams
+from selective_rollout.rollout.lockstep import LockstepRollout
+from selective_rollout.rollout.source import RolloutSource
 
 
 class _Remote:
@@ -90,7 +92,8 @@ class _State:
 
 
 class ScriptedEnv:
-    """Episodes end when the action is 'win' (won) or 'quit' (lost)."""
+    """Episodes end when the action is 'win' (won) or 'quit' (lost); a task's game_dir names its
+    script, and so does its episodes' task sentence (what the scripted agent reads)."""
 
     def __init__(self, fail_games: set[str] = frozenset(), bad_games: set[str] = frozenset()):
         self.open: set[str] = set()
@@ -100,10 +103,11 @@ class ScriptedEnv:
         self.resets: list[str] = []
         self.n = 0
 
-    async def reset_group(self, game_dir, g):
+    async def reset_group(self, task, g):
+        game_dir = task.payload["game_dir"]
         self.resets.append(game_dir)
         if game_dir in self.bad_games:
-            raise GameError(f"{game_dir}/game.tw-pddl: the engine failed to load: ParseError: ...")
+            raise TaskError(f"{game_dir}/game.tw-pddl: the engine failed to load: ParseError: ...")
         if game_dir in self.fail_games:
             self.fail_games.discard(game_dir)  # fails once, like a worker that dies and restarts
             raise ConnectionError("worker died")
@@ -112,7 +116,7 @@ class ScriptedEnv:
             self.n += 1
             eid = f"{game_dir}:{self.n}"
             self.open.add(eid)
-            states.append(_State(eid))
+            states.append(_State(eid, task=game_dir))
         return states
 
     async def step(self, actions):
@@ -154,11 +158,10 @@ class _Builder:
 
 
 class ScriptedAgent:
-    def __init__(self):
-        self.game_of_task = {}
+    """Prompts open with the index of the game the task sentence names (the engine's script key)."""
 
     def start(self, task, obs, admissible):
-        return Conversation(_Builder(self.current), 10_000, task, obs, admissible)
+        return Conversation(_Builder(GAMES.index(task)), 10_000, task, obs, admissible)
 
     def parse(self, text, admissible):
         return _Parsed(text, bool(text))
@@ -179,7 +182,7 @@ SCRIPTS = {
 
 
 class Coordinated:
-    """A coordinator wired to the doubles, with the game picked from the task's game_dir."""
+    """The rollout source ``rollout.mode`` selects, wired to the doubles."""
 
     def __init__(
         self, overrides, fail_games=frozenset(), run_dir=None, bad_games=frozenset(), evaluation=False
@@ -191,19 +194,11 @@ class Coordinated:
         if evaluation:  # the held-out evaluator's coordinator, as CoordinatorActor builds it
             cfg = evaluation_config(cfg)
         self.engine = ScriptedEngine(SCRIPTS)
-        self.env = ScriptedEnv(fail_games, bad_games)
-        self.agent = ScriptedAgent()
-        self.c = GroupCoordinator(cfg, [self.engine], self.env, self.agent, run_dir)
-        original = self.c._open_group
-
-        async def open_group(task, group):
-            self.agent.current = GAMES.index(task.game_dir)
-            await original(task, group)
-
-        self.c._open_group = open_group
+        self.pool = ScriptedEnv(fail_games, bad_games)
+        self.c = rollout_source(cfg, [self.engine], self.pool, ScriptedAgent(), run_dir)
 
     def run(self, games, iteration=0):
-        tasks = [Task(g, f"task-{i}-{g}", "pick_and_place_simple") for i, g in enumerate(games)]
+        tasks = [folder_task(g, f"task-{i}-{g}", "pick_and_place_simple") for i, g in enumerate(games)]
         return asyncio.run(self.c.rollout(tasks, iteration))
 
 
@@ -220,7 +215,7 @@ def test_converged_group_is_cut_at_k_and_freed():
     assert record.gate.features["prefix_edit_distance"] == 0.0
     # every trajectory got to K = 3 actions and waited there for the decision; none ran to its end
     assert all(len(t.steps) == 3 and t.reward is None for t in record.trajectories)
-    assert co.env.open == set() and len(co.env.closed) == 4  # episodes closed
+    assert co.pool.open == set() and len(co.pool.closed) == 4  # episodes closed
     assert sorted(co.engine.released) == sorted(f"{record.group_id}-t{i}" for i in range(4))
     assert not co.engine.in_flight  # nothing left generating
     assert batch.experiences == []  # a cut group never reaches the learner
@@ -364,7 +359,7 @@ def test_history_gate_cuts_a_new_task_of_a_type_that_converged(tmp_path):
     a fourth, never-seen task of that type is cut at K; with the type prior off it runs on."""
     overrides = ["rollout.strategy=selective", "rollout.groups_per_iteration=3", "rollout.refill=false"]
     history = ["gate.name=history", "gate.tau=0.0", "gate.tau_after_type_zero=0.5", "gate.type_min_known=3"]
-    new_task = Task("converge_lose", "task-9-converge_lose", "pick_and_place_simple")
+    new_task = folder_task("converge_lose", "task-9-converge_lose", "pick_and_place_simple")
     verdicts = {}
     for window in (8, 0):
         co = Coordinated([*overrides, *history, f"gate.type_window={window}"])
@@ -382,8 +377,8 @@ def test_preskip_skips_tasks_seen_zero_variance():
     first = co.run(["converge_lose"])
     assert first.groups[0].zero_variance
     tasks = [
-        Task("converge_lose", "task-0-converge_lose", "x"),
-        Task("diverge_mixed", "task-1-diverge_mixed", "x"),
+        folder_task("converge_lose", "task-0-converge_lose", "x"),
+        folder_task("diverge_mixed", "task-1-diverge_mixed", "x"),
     ]
     second = asyncio.run(co.c.rollout(tasks, 1))
     assert [g.outcome for g in second.groups] == [Outcome.SKIPPED, Outcome.COMPLETED]
@@ -465,15 +460,21 @@ def test_bad_game_fails_once_with_its_path_and_is_skipped_from_then_on(tmp_path)
         ("diverge_mixed", Outcome.COMPLETED),
         ("diverge_lose", Outcome.COMPLETED),
     }
-    assert co.env.resets.count("converge_lose") == 1  # not retried: it would fail the same way
+    assert co.pool.resets.count("converge_lose") == 1  # not retried: it would fail the same way
     second = co.run(["converge_lose", "diverge_mixed"], iteration=1)
     assert outcomes(second)[0] == ("converge_lose", Outcome.SKIPPED)
-    assert co.env.resets.count("converge_lose") == 1
+    assert co.pool.resets.count("converge_lose") == 1
     logged = {r.group_id: r for r in read_groups(tmp_path / "rollouts.jsonl")}
     (failed,) = [logged[r.group_id] for r in first.groups if r.outcome is Outcome.FAILED]
     skipped = logged[second.groups[0].group_id]
     assert "bad game converge_lose/game.tw-pddl" in failed.meta["failure"]
     assert "ParseError" in skipped.meta["skipped"]
+
+
+@pytest.mark.parametrize("mode, source", [("concurrent", GroupCoordinator), ("lockstep", LockstepRollout)])
+def test_rollout_mode_selects_the_rollout_source(mode, source):
+    co = Coordinated([f"rollout.mode={mode}"])
+    assert type(co.c) is source and isinstance(co.c, RolloutSource)
 
 
 def test_lockstep_mode_matches_the_paper_loop():
@@ -500,7 +501,7 @@ def test_lockstep_issues_one_engine_round_and_one_env_step_per_turn():
     co = Coordinated(["rollout.strategy=none", "rollout.mode=lockstep", "rollout.groups_per_iteration=1"])
     events: list[tuple[str, int]] = []
     in_flight = [0]
-    generate, step = co.engine._generate, co.env.step
+    generate, step = co.engine._generate, co.pool.step
 
     async def logged_generate(request_id, *args, **kwargs):
         in_flight[0] += 1
@@ -515,7 +516,7 @@ def test_lockstep_issues_one_engine_round_and_one_env_step_per_turn():
         return await step(actions)
 
     co.engine.generate = _Remote(logged_generate)
-    co.env.step = logged_step
+    co.pool.step = logged_step
     batch = co.run(["diverge_lose"])
     assert [o for _, o in outcomes(batch)] == [Outcome.COMPLETED]
     turns = len(batch.groups[0].trajectories[0].steps)
@@ -590,18 +591,43 @@ def test_an_engine_error_fails_the_group_but_keeps_the_engine():
     from ray.exceptions import RayTaskError
 
     co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
-    co.c.engines = [DyingEngine(RayTaskError("generate", "tb", ValueError("bad request")))]
+    co.c.replace_engine(0, DyingEngine(RayTaskError("generate", "tb", ValueError("bad request"))))
     batch = co.run(["diverge_mixed"])
     assert [g.outcome for g in batch.groups] == [Outcome.FAILED, Outcome.COMPLETED]  # retried, same engine
     assert co.c.dead_engines() == []
+
+
+class DroppingEngine(ScriptedEngine):
+    """Ends its first request as aborted although nobody asked (an engine that dropped it)."""
+
+    def __init__(self):
+        super().__init__(SCRIPTS)
+        self.calls = 0
+        self.generate = _Remote(self._drop_first)
+
+    async def _drop_first(self, request_id, prompt, sampling, session_id=None):
+        self.calls += 1
+        if self.calls == 1:
+            return Completion(request_id, len(prompt), 0, [CompletionOutput(0, [], [], "", "abort")])
+        return await self._generate(request_id, prompt, sampling, session_id)
+
+
+def test_an_abort_nobody_asked_for_fails_the_group():
+    """Only a cut aborts a request: a dropped one leaves its trajectory without a next step, so the
+    group fails and is retried instead of being trained on with a trajectory cut short."""
+    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
+    co.c.replace_engine(0, DroppingEngine())
+    batch = co.run(["diverge_mixed"])
+    assert [g.outcome for g in batch.groups] == [Outcome.FAILED, Outcome.COMPLETED]
+    assert "aborted it0-g1-t" in batch.groups[0].meta["failure"]
 
 
 def test_with_its_only_engine_dead_the_rollout_waits_for_the_replacement():
     from ray.exceptions import ActorDiedError
 
     co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
-    co.c.engines = [DyingEngine(ActorDiedError())]
-    tasks = [Task("diverge_mixed", "task-0-diverge_mixed", "x")]
+    co.c.replace_engine(0, DyingEngine(ActorDiedError()))
+    tasks = [folder_task("diverge_mixed", "task-0-diverge_mixed", "x")]
 
     async def scenario():
         rollout = asyncio.create_task(co.c.rollout(tasks, 0))
@@ -621,7 +647,7 @@ def test_no_replacement_within_the_timeout_is_one_clear_error():
     from ray.exceptions import ActorDiedError
 
     co = Coordinated(["rollout.strategy=none", "rollout.engine_replace_timeout_s=0.3"])
-    co.c.engines = [DyingEngine(ActorDiedError())]
+    co.c.replace_engine(0, DyingEngine(ActorDiedError()))
     with pytest.raises(
         RuntimeError, match=r"none was replaced within 0 s \(rollout\.engine_replace_timeout_s\)"
     ):

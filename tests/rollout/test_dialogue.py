@@ -13,15 +13,18 @@ import dataclasses
 import pytest
 
 from selective_rollout.config.agent import AgentConfig
+from selective_rollout.envs.alfworld import Alfworld
 from selective_rollout.rollout.agent import Agent
 from selective_rollout.rollout.dialogue import GeneratedTurn
 
 ADMISSIBLE = ["go to cabinet 1", "open fridge 1", "look"]
 
+PROMPT = Alfworld.prompt  # the agent is worded for one game; these tests use ALFWorld's
+
 
 @pytest.fixture(scope="module")
 def agent(smollm2_tokenizer):
-    return Agent(AgentConfig(history_turns=2), smollm2_tokenizer)
+    return Agent(AgentConfig(history_turns=2), smollm2_tokenizer, PROMPT)
 
 
 def reply(tok, text: str) -> list[int]:
@@ -97,7 +100,7 @@ def test_constrained_replies_carry_what_the_choice_allowed_at_each_token(smollm2
     sets up to there; without constraint no token has a set."""
     tok = smollm2_tokenizer
     eot = tok.convert_tokens_to_ids("<|im_end|>")
-    constrained = Agent(AgentConfig(history_turns=4, constrain_to_admissible=True), tok)
+    constrained = Agent(AgentConfig(history_turns=4, constrain_to_admissible=True), tok, PROMPT)
     conv = constrained.start("put a mug in the fridge", "You are in a room.", ADMISSIBLE)
     start = len(conv.prompt_ids)
     ids = reply(tok, "go to cabinet 1")
@@ -119,6 +122,6 @@ def test_constrained_replies_carry_what_the_choice_allowed_at_each_token(smollm2
     unconstrained = AgentConfig(
         history_turns=4, constrain_to_admissible=False, admissible_in_prompt="every_turn"
     )
-    free = Agent(unconstrained, tok).start("t", "o", ADMISSIBLE)
+    free = Agent(unconstrained, tok, PROMPT).start("t", "o", ADMISSIBLE)
     free.add_completion(ids, "go to cabinet 1", [-0.5] * len(ids))
     assert free.experiences("g", "t", "", reward=0.0)[0].choice_sets == {}

@@ -117,16 +117,16 @@ def test_an_engine_dying_mid_sync_fails_it_fast_and_names_it(learner, tiny_model
 
 
 def _driver(learner: LearnerGroup, model_dir: Path):
-    """A ``Trainer`` with only what the sync, its verification and the replacement use."""
-    from selective_rollout.train import Trainer
+    """A ``Driver`` with only what the sync, its verification and the replacement use."""
+    from selective_rollout.driver import Driver
 
-    trainer = object.__new__(Trainer)
-    trainer.cfg = SimpleNamespace(engine=None, placement=PlacementConfig(), trainer=TrainerConfig())
-    trainer.model_path = model_dir
-    trainer.actor_model = str(model_dir)
-    trainer.learner = learner
-    trainer.probe_ids = list(range(3, 40))  # the tiny model has no tokenizer
-    return trainer
+    driver = object.__new__(Driver)
+    driver.cfg = SimpleNamespace(engine=None, placement=PlacementConfig(), trainer=TrainerConfig())
+    driver.model_path = model_dir
+    driver.actor_model = str(model_dir)
+    driver.learner = learner
+    driver.probe_ids = list(range(3, 40))  # the tiny model has no tokenizer
+    return driver
 
 
 def test_a_sync_that_leaves_an_engine_serving_other_weights_stops_the_run(learner, tiny_model_dir):
@@ -134,21 +134,21 @@ def test_a_sync_that_leaves_an_engine_serving_other_weights_stops_the_run(learne
     tensor overwritten behind the sync's back, as a back-end's faulty reload would leave it)."""
     from selective_rollout.weight_sync.served import ServedWeightsMismatch
 
-    trainer = _driver(learner, tiny_model_dir)
-    trainer.engines = [_engine(tiny_model_dir) for _ in range(2)]
+    driver = _driver(learner, tiny_model_dir)
+    driver.engines = [_engine(tiny_model_dir) for _ in range(2)]
     try:
-        trainer.sync_weights()
-        assert trainer.served_gap < 1e-4
-        ray.get(trainer.engines[1].load_weights.remote({"model.norm.weight": torch.full((32,), 40.0)}))
+        driver.sync_weights()
+        assert driver.served_gap < 1e-4
+        ray.get(driver.engines[1].load_weights.remote({"model.norm.weight": torch.full((32,), 40.0)}))
         with pytest.raises(ServedWeightsMismatch, match=r"engine 1 [0-9.e-]+ nats mean .*tolerance 0\.2"):
-            trainer.verify_served_weights({f"engine {i}": e for i, e in enumerate(trainer.engines)})
+            driver.verify_served_weights({f"engine {i}": e for i, e in enumerate(driver.engines)})
     finally:
-        for engine in trainer.engines:
+        for engine in driver.engines:
             ray.kill(engine)
 
 
 class CoordinatorDouble:
-    """The coordinator's engine-slot surface that ``Trainer.replace_dead_engines`` uses."""
+    """The coordinator's engine-slot surface that ``Driver.replace_dead_engines`` uses."""
 
     def __init__(self) -> None:
         self.replaced: list[int] = []
@@ -166,7 +166,7 @@ class CoordinatorDouble:
 def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
     learner, tiny_model_dir, monkeypatch
 ):
-    """``Trainer.sync_weights``, the driver's path, over the real learner and engine doubles."""
+    """``Driver.sync_weights``, the driver's path, over the real learner and engine doubles."""
     import selective_rollout.rollout.engines as engines_module
 
     started: list = []
@@ -176,28 +176,28 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
         return started[-num:]
 
     monkeypatch.setattr(engines_module, "create_engines", create_engines)
-    trainer = _driver(learner, tiny_model_dir)
-    trainer.local_ray = True
-    trainer.engines = [_engine(tiny_model_dir) for _ in range(2)]
-    trainer.coordinator = ray.remote(CoordinatorDouble).remote()
-    trainer.engine_restarts = 0
-    first = trainer.engines[0]
+    driver = _driver(learner, tiny_model_dir)
+    driver.local_ray = True
+    driver.engines = [_engine(tiny_model_dir) for _ in range(2)]
+    driver.coordinator = ray.remote(CoordinatorDouble).remote()
+    driver.engine_restarts = 0
+    first = driver.engines[0]
     sink = Sink()
     try:
-        trainer.sync_weights()
+        driver.sync_weights()
         _train(learner, 3)
         _arm(first, sink, hold_open=True)
         start = time.monotonic()
-        trainer.sync_weights()  # fails once, replaces engine 0, syncs again
+        driver.sync_weights()  # fails once, replaces engine 0, syncs again
         assert time.monotonic() - start < FAILS_WITHIN_S
-        assert trainer.engine_restarts == 1 and trainer.engines[0] is started[0]
-        assert ray.get(trainer.coordinator.replacements.remote()) == [0]
+        assert driver.engine_restarts == 1 and driver.engines[0] is started[0]
+        assert ray.get(driver.coordinator.replacements.remote()) == [0]
         want = learner.weights_checksum()
-        got = ray.get([e.weights_checksum.remote() for e in trainer.engines])
+        got = ray.get([e.weights_checksum.remote() for e in driver.engines])
         assert got == pytest.approx([want] * 2, rel=1e-12)
-        assert trainer.served_gap < 1e-4  # verified by the probe after the sync, on both engines
+        assert driver.served_gap < 1e-4  # verified by the probe after the sync, on both engines
     finally:
-        for engine in [*trainer.engines, first, *started]:
+        for engine in [*driver.engines, first, *started]:
             ray.kill(engine)
-        ray.kill(trainer.coordinator)
+        ray.kill(driver.coordinator)
         sink.close()

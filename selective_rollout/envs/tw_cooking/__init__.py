@@ -1,6 +1,6 @@
 """TextWorld Cooking (``env.name: tw-cooking``): the cooking games of the First TextWorld Problems
 benchmark, generated offline by textworld's ``tw-cooking`` challenge and played by the real
-TextWorld engine in ``alfworld_env.EnvPool``'s Ray workers (docs/environment.md)."""
+TextWorld engine in the env pool's Ray workers (``CookingSource``; docs/environment.md)."""
 
 from __future__ import annotations
 
@@ -67,24 +67,12 @@ class TwCooking(Environment):
     def cache_key(self) -> list[Any]:
         return [*super().cache_key(), self.params.level]
 
-    def pool(self, worker_options: dict[str, Any] | None = None) -> seam.EnvPool:
-        from alfworld_env import EnvPool as TextGamePool
-        from selective_rollout.envs.tw_cooking.engine import CookingGames
+    def source(self) -> seam.EpisodeSource:
+        from selective_rollout.envs.tw_cooking.engine import CookingSource
 
-        return TextGamePool(self.params.num_workers, worker_options, kind=CookingGames())
+        return CookingSource()
 
-    def episode(self, game_dir: str) -> seam.Episode:
-        from selective_rollout.envs.tw_cooking.engine import CookingGames
-
-        (episode,) = CookingGames().open(game_dir, 1)
-        return episode
-
-    def walkthrough(self, game_dir: str) -> list[str]:
+    def walkthrough(self, task: Task) -> list[str]:
         from selective_rollout.envs.tw_cooking.games import walkthrough
 
-        return walkthrough(game_dir)
-
-    def task_of(self, first: seam.Observation) -> str:
-        from selective_rollout.envs.tw_cooking.engine import CookingGames
-
-        return CookingGames().task(first)
+        return walkthrough(seam.game_dir(task))

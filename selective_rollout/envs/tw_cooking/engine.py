@@ -1,6 +1,6 @@
 """One TextWorld Cooking episode on the real TextWorld engine (the compiled ``game.z8``, played by
-textworld's Z-machine back-end), and the ``GameKind`` that lets ``alfworld_env.EnvPool``'s Ray
-workers host such episodes."""
+textworld's Z-machine back-end), and the ``EpisodeSource`` that lets the env pool's Ray workers
+host such episodes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import textworld
 
-from alfworld_env.errors import as_game_error
 from alfworld_env.observation import Observation
-from alfworld_env.pool import Playable
+from selective_rollout.envs.base import Episode, as_task_error, game_dir
+from selective_rollout.records import Task
 
 GAME_FILE = "game.z8"
 REQUEST_INFOS = textworld.EnvInfos(admissible_commands=True, won=True, lost=True, objective=True)
@@ -34,20 +34,20 @@ class CookingEpisode:
     def __init__(self, game_file: str | Path) -> None:
         if not Path(game_file).is_file():
             raise FileNotFoundError(f"no compiled TextWorld game at {game_file}")
-        with as_game_error("load"), warnings.catch_warnings():
+        with as_task_error("load"), warnings.catch_warnings():
             # jericho cannot score TextWorld's own games; textworld's Inform 7 wrapper does
             warnings.filterwarnings("ignore", message=".*is not fully supported")
             self._env = textworld.start(str(game_file), REQUEST_INFOS)
         self.objective = ""
 
     def reset(self) -> Observation:
-        with as_game_error("reset"):
+        with as_task_error("reset"):
             state = self._env.reset()
         self.objective = state["objective"] or ""
         return self._observe(state)
 
     def step(self, command: str) -> Observation:
-        with as_game_error(f"step {command!r}"):
+        with as_task_error(f"step {command!r}"):
             state, _, _ = self._env.step(command)
         return self._observe(state)
 
@@ -62,18 +62,20 @@ class CookingEpisode:
 
 
 @dataclass(frozen=True)
-class CookingGames:
-    """Cooking games (``<game_dir>/game.z8``) for the pool's workers."""
+class CookingSource:
+    """Cooking games (``<game_dir>/game.z8``) for the pool's workers and the warm start."""
+
+    errors: tuple[type[Exception], ...] = ()  # the episode raises TaskError itself
 
     def prepare(self) -> None:
         """Nothing to set up: each episode starts its own Z-machine."""
 
-    def open(self, game_dir: str, n: int) -> list[Playable]:
-        return [CookingEpisode(self.game_file(game_dir)) for _ in range(n)]
+    def open(self, task: Task, n: int) -> list[Episode]:
+        return [CookingEpisode(self.describe(task)) for _ in range(n)]
 
-    def task(self, first: Observation) -> str:
+    def task_sentence(self, first: Observation) -> str:
         """The objective: the first paragraph of the first observation."""
         return first.obs.split("\n\n", 1)[0].strip()
 
-    def game_file(self, game_dir: str) -> str:
-        return str(Path(game_dir) / GAME_FILE)
+    def describe(self, task: Task) -> str:
+        return str(game_dir(task) / GAME_FILE)

@@ -18,6 +18,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from selective_rollout.envs.base import folder_task
 from selective_rollout.records import Task
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -164,7 +165,7 @@ def load_tasks(root: str | Path, split: str, level: str, seed: int, n: int) -> l
             f"selective_rollout.envs.tw_cooking.games --out {root} --level {level} --seed {seed} with "
             f"--n-train / --n-valid of at least {n})"
         )
-    return [Task(str(f), f"{split}/{f.name}", f"tw-cooking-{level}") for f in folders]
+    return [folder_task(str(f), f"{split}/{f.name}", f"tw-cooking-{level}") for f in folders]
 
 
 def walkthrough(game_dir: str | Path) -> list[str]:

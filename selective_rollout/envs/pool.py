@@ -1,105 +1,41 @@
-"""EnvPool: many text-game episodes served by a few Ray worker actors.
+"""The env pool: many episodes served by a few Ray worker actors, for any environment.
 
-A group (G episodes of one game) lives on one worker, so the game's file, logic and translation
-are loaded once for all G copies. A worker that dies is replaced by a fresh actor; every
-episode it hosted is reported once with ``failed`` set (never silently dropped) and new groups
-go to live workers.
-
-The pool serves ALFWorld games by default; any other kind of game plugs in as a ``GameKind``
-(how a worker opens G episodes of one game folder), so a second environment reuses the actors,
-the worker replacement and the batching instead of copying them.
+A group (G episodes of one task) lives on one worker, so what the task shares (a game file, its
+logic and translation) is loaded once for all G copies. A worker that dies is replaced by a fresh
+actor; every episode it hosted is reported once with ``failed`` set (never silently dropped) and
+new groups go to live workers. The environment's ``EpisodeSource`` says how a worker opens
+episodes of a task, so every environment reuses the actors, the worker replacement and the
+batching.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
 
-from alfworld_env.errors import GameError
-from alfworld_env.observation import Observation
+from selective_rollout.envs.episode import (
+    Episode,
+    EpisodeSource,
+    EpisodeState,
+    Observation,
+    TaskError,
+    as_task_error,
+)
+from selective_rollout.records import Task
 
-_TASK_MARK = "Your task is to: "
 LOST = "its env worker died; episode lost"
 
 
-class Playable(Protocol):
-    """One episode as a worker drives it."""
-
-    def reset(self) -> Observation: ...
-
-    def step(self, command: str) -> Observation: ...
-
-    def close(self) -> None: ...
-
-
-class GameKind(Protocol):
-    """How an EnvWorker hosts episodes of one kind of game. It is pickled to the worker, so it
-    holds settings only; ``prepare`` runs once in the worker process before any episode."""
-
-    def prepare(self) -> None: ...
-
-    def open(self, game_dir: str, n: int) -> list[Playable]:
-        """``n`` independent episodes of the game in ``game_dir`` (the game read once for all);
-        raises ``GameError``, ``OSError`` or ``ValueError`` when it cannot be played."""
-        ...
-
-    def task(self, first: Observation) -> str:
-        """The task sentence of an episode's first observation."""
-        ...
-
-    def game_file(self, game_dir: str) -> str:
-        """The file a failure to play the game names."""
-        ...
-
-
-@dataclass(frozen=True)
-class AlfworldGames:
-    """ALFWorld PDDL games (``game.tw-pddl``): the pool's default kind."""
-
-    parse_cache: bool = True
-
-    def prepare(self) -> None:
-        from alfworld_env import speedups
-
-        speedups.enable(parse_cache=self.parse_cache, translation_cache=True)
-
-    def open(self, game_dir: str, n: int) -> list[Playable]:
-        from alfworld_env.engine import Episode
-
-        game = json.loads((Path(game_dir) / "game.tw-pddl").read_text())
-        return [Episode(game) for _ in range(n)]
-
-    def task(self, first: Observation) -> str:
-        return first.obs.split(_TASK_MARK, 1)[1].strip() if _TASK_MARK in first.obs else ""
-
-    def game_file(self, game_dir: str) -> str:
-        return str(Path(game_dir) / "game.tw-pddl")
-
-
-# what a worker sends back per episode: (obs, admissible, won, lost, task); plain data only
+# what a worker sends back per episode: (obs, admissible, won, done, task); plain data only
 _Result = tuple[str, list[str], bool, bool, str]
-
-
-@dataclass
-class EpisodeState:
-    episode_id: str
-    obs: str
-    admissible: list[str]
-    reward: float = 0.0
-    done: bool = False
-    won: bool = False
-    task: str = ""
-    failed: str | None = None
 
 
 @dataclass
@@ -113,10 +49,10 @@ class _WorkerStats:
 class EnvWorker:
     """Hosts episodes in one process (a Ray actor); see ``EnvPool`` for the contract."""
 
-    def __init__(self, kind: GameKind) -> None:
-        kind.prepare()
-        self._kind = kind
-        self._episodes: dict[str, Playable] = {}
+    def __init__(self, source: EpisodeSource) -> None:
+        source.prepare()
+        self._source = source
+        self._episodes: dict[str, Episode] = {}
         self._stats = _WorkerStats()
 
     def location(self) -> dict[str, object]:
@@ -124,23 +60,24 @@ class EnvWorker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
-    def reset_group(self, game_dir: str, episode_ids: list[str]) -> list[_Result] | str:
-        """G fresh episodes of one game, or why the game is unplayable.
+    def reset_group(self, task: Task, episode_ids: list[str]) -> list[_Result] | str:
+        """G fresh episodes of one task, or why the task is unplayable.
 
         The failure comes back as a string, not an exception: it must cross to the caller's
-        process as plain data (see ``GameError``).
+        process as plain data (see ``TaskError``).
         """
         start = time.perf_counter()
         try:
             out = []
-            for eid, ep in zip(episode_ids, self._kind.open(game_dir, len(episode_ids)), strict=True):
-                ob = ep.reset()
+            for eid, ep in zip(episode_ids, self._source.open(task, len(episode_ids)), strict=True):
+                with as_task_error("reset", self._source.errors):
+                    ob = ep.reset()
                 self._episodes[eid] = ep
-                out.append(_result(ob, self._kind.task(ob)))
-        except (OSError, ValueError, GameError) as exc:
+                out.append(_result(ob, self._source.task_sentence(ob)))
+        except (OSError, ValueError, TaskError, *self._source.errors) as exc:
             for eid in episode_ids:
                 self._episodes.pop(eid, None)
-            return f"{self._kind.game_file(game_dir)}: {exc}"
+            return f"{self._source.describe(task)}: {exc}"
         self._stats.resets += 1
         self._stats.reset_s += time.perf_counter() - start
         return out
@@ -155,8 +92,9 @@ class EnvWorker:
                 continue
             start = time.perf_counter()
             try:
-                ob = ep.step(command)
-            except GameError as exc:
+                with as_task_error(f"step {command!r}", self._source.errors):
+                    ob = ep.step(command)
+            except TaskError as exc:
                 out[eid] = str(exc)
                 continue
             self._stats.step_s += time.perf_counter() - start
@@ -175,7 +113,7 @@ class EnvWorker:
 
 
 def _result(ob: Observation, task: str) -> _Result:
-    return (ob.obs, list(ob.admissible), bool(ob.won), bool(ob.lost), task)
+    return (ob.obs, list(ob.admissible), bool(ob.won), bool(ob.done), task)
 
 
 @dataclass
@@ -184,24 +122,20 @@ class _Slot:
     episodes: set[str] = field(default_factory=set)
 
 
-class EnvPool:
+class RayEnvPool:
     """Handle over ``num_workers`` EnvWorker actors; call from the driver or inside an actor.
 
-    ``kind`` says which games the workers play (default: ALFWorld's, with ``parse_cache``)."""
+    ``source`` says how the workers open episodes of the environment's tasks."""
 
     def __init__(
-        self,
-        num_workers: int,
-        worker_options: dict | None = None,
-        parse_cache: bool = True,
-        kind: GameKind | None = None,
+        self, num_workers: int, source: EpisodeSource, worker_options: dict[str, Any] | None = None
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"EnvPool needs at least one worker, got num_workers={num_workers}")
         if not ray.is_initialized():
             raise RuntimeError("EnvPool needs Ray: call ray.init() (or run inside a Ray actor) first")
         self._options = {"num_cpus": 1, **(worker_options or {})}
-        self._kind = kind if kind is not None else AlfworldGames(parse_cache)
+        self._source = source
         self._slots = [_Slot(self._spawn()) for _ in range(num_workers)]
         self._where: dict[str, int] = {}
         self._failed: dict[str, str] = {}
@@ -210,7 +144,7 @@ class EnvPool:
         self._reset_s: list[float] = []
 
     def _spawn(self):
-        return ray.remote(EnvWorker).options(**self._options).remote(self._kind)
+        return ray.remote(EnvWorker).options(**self._options).remote(self._source)
 
     async def worker_locations(self) -> list[dict[str, object]]:
         """Node and PID of every worker (awaited: a blocking ``ray.get`` would stall the event
@@ -236,11 +170,11 @@ class EnvPool:
         self._slots[index] = _Slot(self._spawn())
         self._restarts += 1
 
-    async def reset_group(self, game_dir: str, g: int) -> list[EpisodeState]:
-        """G independent episodes of one game on the least loaded worker.
+    async def reset_group(self, task: Task, g: int) -> list[EpisodeState]:
+        """G independent episodes of one task on the least loaded worker.
 
-        Raises ``GameError`` (naming the game file) when the game cannot be played, and
-        ``RuntimeError`` when every worker died trying.
+        Raises ``TaskError`` (naming what the source says the task is) when the task cannot be
+        played, and ``RuntimeError`` when every worker died trying.
         """
         ids = [f"ep{next(self._ids)}" for _ in range(g)]
         for _attempt in range(len(self._slots) + 1):
@@ -248,22 +182,22 @@ class EnvPool:
             slot = self._slots[index]
             actor, start = slot.actor, time.perf_counter()
             try:
-                results = await actor.reset_group.remote(game_dir, ids)
+                results = await actor.reset_group.remote(task, ids)
             except RayActorError as exc:
                 self._replace(index, actor, type(exc).__name__)
                 continue
             if isinstance(results, str):
-                raise GameError(results)
+                raise TaskError(results)
             self._reset_s.append(time.perf_counter() - start)
             slot.episodes.update(ids)
             self._where.update(dict.fromkeys(ids, index))
             return [self._state(eid, r) for eid, r in zip(ids, results, strict=True)]
-        raise RuntimeError(f"could not open {g} episodes of {game_dir}: every env worker died")
+        raise RuntimeError(f"could not open {g} episodes of {task.task_id}: every env worker died")
 
     @staticmethod
     def _state(eid: str, result: _Result) -> EpisodeState:
-        obs, admissible, won, lost, task = result
-        return EpisodeState(eid, obs, admissible, float(won), won or lost, won, task)
+        obs, admissible, won, done, task = result
+        return EpisodeState(eid, obs, admissible, float(won), done, won, task)
 
     async def step(self, actions: dict[str, str]) -> dict[str, EpisodeState]:
         """Step many episodes at once; each worker gets one call for all its episodes."""

@@ -1,0 +1,35 @@
+"""The rollout-source contract: what the learner's groups come from, as the driver sees it.
+
+One method, typed input and output: ``rollout(tasks, iteration)`` plays groups from the task list
+(in order) until the iteration's batch is complete and returns a ``RolloutBatch``. The concurrent
+coordinator (rollout/coordinator.py) and the paper's lock-step loop (rollout/lockstep.py) are two
+implementations, so an A/B of the two compares classes, not flags.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from selective_rollout.records import Experience, GroupRecord, Task
+
+
+@dataclass
+class RolloutBatch:
+    """What one iteration's rollout hands the learner and the logger."""
+
+    experiences: list[Experience]
+    groups: list[GroupRecord]
+    metrics: dict[str, float]
+    tasks_consumed: int  # how far the task cursor moved (skipped tasks included)
+    kept_group_ids: list[str] = field(default_factory=list)
+
+
+class RolloutSource(ABC):
+    """Turns the next tasks of the stream into one iteration's batch."""
+
+    @abstractmethod
+    async def rollout(self, tasks: Sequence[Task], iteration: int = 0) -> RolloutBatch:
+        """Play groups from ``tasks``, in order, until the batch is complete (``iteration`` < 0
+        marks a held-out evaluation: its group ids say ``eval``)."""
