@@ -43,8 +43,7 @@ def _section_keys(section: str) -> list[str]:
 
 def _did_you_mean(loc: Sequence[Any]) -> str:
     """A hint for an unknown ``section.key``: the section that does declare ``key`` (``driver:`` is
-    the driver, ``trainer:`` the learner, and the two are easy to mix up, the more so as the
-    driver's section was called ``train:``), else a close spelling."""
+    the driver, ``trainer:`` the learner, and the two are easy to mix up), else a close spelling."""
     if len(loc) != 2:
         return ""
     section, key = str(loc[0]), str(loc[1])
