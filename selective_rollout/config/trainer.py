@@ -1,5 +1,6 @@
 """Config of the learner (selective_rollout.trainer): GRPO objective, DeepSpeed, LoRA, sync, checkpoints."""
 
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import (
@@ -37,7 +38,14 @@ def loss_parameters() -> dict[str, FieldInfo]:
 
 def _loss_parameters_model() -> type[BaseModel]:
     """A strict model of all loss parameters with their defaults: validating the ``trainer.*`` keys
-    the section does not declare with it refuses the unknown ones by name."""
+    the section does not declare with it refuses the unknown ones by name. Built once per set of
+    registered components (a test or a plug-in may register more)."""
+    return _model_for(tuple((name, r.params(name)) for r in LOSS_REGISTRIES.values() for name in r))
+
+
+@cache
+def _model_for(entries: tuple[tuple[str, type[BaseModel]], ...]) -> type[BaseModel]:
+    del entries  # the cache key: the registered components and their parameter models
     fields = {key: (field.annotation, field) for key, field in loss_parameters().items()}
     return create_model(  # type: ignore[call-overload]
         "LossParameters", __config__=ConfigDict(extra="forbid"), **fields

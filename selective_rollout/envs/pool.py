@@ -210,12 +210,9 @@ class RayEnvPool:
                 raise KeyError(f"unknown or closed episode {eid!r}")
             else:
                 by_worker.setdefault(self._where[eid], {})[eid] = command
-        actors = {i: self._slots[i].actor for i in by_worker}
-        calls = {i: actors[i].step.remote(acts) for i, acts in by_worker.items()}
-        results = await asyncio.gather(*calls.values(), return_exceptions=True)
-        for index, result in zip(calls, results, strict=True):
+        results = await self._call_workers("step", by_worker)
+        for index, result in results.items():
             if isinstance(result, RayActorError):
-                self._replace(index, actors[index], type(result).__name__)
                 for eid in by_worker[index]:
                     out[eid] = EpisodeState(eid, "", [], done=True, failed=self._failed.pop(eid, LOST))
                 continue
@@ -236,12 +233,18 @@ class RayEnvPool:
             if index is not None:
                 self._slots[index].episodes.discard(eid)
                 by_worker.setdefault(index, []).append(eid)
-        actors = {i: self._slots[i].actor for i in by_worker}
-        calls = {i: actors[i].close.remote(ids) for i, ids in by_worker.items()}
-        results = await asyncio.gather(*calls.values(), return_exceptions=True)
-        for index, result in zip(calls, results, strict=True):
+        await self._call_workers("close", by_worker)
+
+    async def _call_workers(self, method: str, work: dict[int, Any]) -> dict[int, Any]:
+        """``method`` on every worker of ``work`` with its share, all at once. A worker found dead
+        is replaced; its result is the ``RayActorError`` (the caller reports its episodes)."""
+        actors = {i: self._slots[i].actor for i in work}
+        calls = [getattr(actors[i], method).remote(share) for i, share in work.items()]
+        results = dict(zip(work, await asyncio.gather(*calls, return_exceptions=True), strict=True))
+        for index, result in results.items():
             if isinstance(result, RayActorError):
                 self._replace(index, actors[index], type(result).__name__)
+        return results
 
     async def metrics(self) -> dict[str, float]:
         """Step and reset counts and times over the live workers (a dead one is skipped)."""
