@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from selective_rollout.gate.base import Calibration, build_gate
+from selective_rollout.gate.base import Calibration, build_gate, gate_class
 from selective_rollout.records import GroupRecord
 
 
@@ -42,3 +42,15 @@ def best_params(
             f"no candidate parameters of gate {name!r} kept precision >= {cal.target} on the fit part"
         )
     return best
+
+
+def calibrated_params(name: str, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any]:
+    """Gate ``name``'s own parameters for ``cal.target`` on ``fit``: its own ``calibrate``, else the
+    default (its ``threshold`` over ``cal.thresholds``; a gate without one keeps its defaults)."""
+    cls = gate_class(name)
+    own = cls.calibrate(fit, cal)
+    if own is not None:
+        return own
+    if cls.threshold is None:
+        return {}
+    return best_params(name, [{cls.threshold: t} for t in cal.thresholds], fit, cal)[0]

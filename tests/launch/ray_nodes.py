@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -61,6 +63,7 @@ class RayNode:
     gcs_address: str
     dashboard_url: str | None = None
     descendants: list[psutil.Process] = field(default_factory=list)
+    temp_dir: Path | None = None  # the node's own session root, removed after it stops
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -94,6 +97,8 @@ class RayNode:
                 p.kill()
             except psutil.NoSuchProcess:
                 continue
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
         return survivors
 
 
@@ -161,18 +166,24 @@ def start_head(log_dir: Path, num_cpus: int = 2, timeout_s: float = 180.0) -> Ra
 
 
 def start_worker(head: RayNode, log_dir: Path, resources: dict[str, float], num_cpus: int = 2) -> RayNode:
-    """A second node joining ``head`` with its own custom ``resources`` (same machine, loopback)."""
+    """A second node joining ``head`` with its own custom ``resources`` (same machine, loopback).
+
+    It gets its own temp dir, as a node on another machine has: nodes sharing one session folder
+    share ``runtime_resources/``, and Ray's working-dir set-up on one node deletes and unpacks
+    again the folder a job driver on the other runs from (its later imports then fail)."""
     log_path = log_dir / "worker.log"
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-node-", dir="/tmp"))  # short: socket paths
     proc = _start(
         [
             f"--address={head.gcs_address}",
+            f"--temp-dir={temp_dir}",
             f"--num-cpus={num_cpus}",
             f"--resources={json.dumps(resources)}",
             *_node_ports(),
         ],
         log_path,
     )
-    node = RayNode(proc, log_path, head.gcs_address)
+    node = RayNode(proc, log_path, head.gcs_address, temp_dir=temp_dir)
     node.remember_descendants()
     return node
 
