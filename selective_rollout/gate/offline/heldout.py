@@ -1,7 +1,8 @@
 """Held-out evaluation of gates: calibrate or fit on some logged groups, evaluate on others.
 
     python -m selective_rollout.gate.offline.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
-        [--steps 6,8] [--targets 0.9,0.8] [--gates prefix_edit,learned,history,precision_target] --out DIR
+        [--steps 6,8] [--targets 0.9,0.8] [--gates prefix_edit,learned,history,precision_target] \\
+        [--horizon T] --out DIR
     python -m selective_rollout.gate.offline.heldout --fit A.jsonl [...] --eval B.jsonl [...] --k 4 --out DIR
 
 The fit and evaluation parts never share a group: either the given files (``--fit`` / ``--eval``,
@@ -28,6 +29,12 @@ learner against no gate, and GRPO advantage L2 kept, each with a 95% bootstrap i
 over tasks (a task's groups resampled together; the gates' decisions held fixed).
 ``--steps`` adds, for every gate, a variant that also decides at those later steps
 (``learned@4,6,8``).
+
+Each row also gives the step(s) the gate decided at (its own calibrated step for ``stalled``, per
+fold) as K and as K/T, T the episode cap (``--horizon``; by default the length of the logs'
+truncated trajectories, else the longest one), and the paper's operating point nearest to that K/T
+(gate/offline/paper_reference.py): a cut at K saves what is left of the episode, so gates under
+different caps compare at the same fraction of it. The paper's table follows, with its K/T.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import argparse
 import csv
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ import numpy as np
 
 from selective_rollout.gate.base import Calibration, build_gate, gate_class
 from selective_rollout.gate.calibration import best_params
+from selective_rollout.gate.offline import paper_reference
 from selective_rollout.gate.offline.replay import (
     ROW_WIDTH,
     SAVED,
@@ -56,7 +64,7 @@ from selective_rollout.gate.offline.replay import (
     summarize,
 )
 from selective_rollout.gate.snapshot import caching, labelled
-from selective_rollout.records import GroupRecord, read_groups
+from selective_rollout.records import GroupRecord, TrajectoryStatus, read_groups
 from selective_rollout.stats import cluster_bootstrap_ci, task_folds
 
 DEFAULT_GATES = "prefix_edit,learned,history,precision_target"
@@ -89,6 +97,7 @@ class Result:
     outcomes: list[GroupOutcome]
     params: list[dict[str, Any]]  # per fold
     fit: list[dict[str, float]]  # the fit-part summary per fold
+    steps: list[tuple[int, ...]]  # per fold, the steps the gate decides at as the evaluation starts
     summary: dict[str, float] = field(default_factory=dict)
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     vs_baseline: tuple[float, float, float] | None = None  # saved minus prefix_edit's, with CI
@@ -105,6 +114,20 @@ def split_by_task(groups: Sequence[GroupRecord], folds: int, seed: int) -> list[
         )
         for i in range(folds)
     ]
+
+
+def episode_cap(groups: Sequence[GroupRecord]) -> tuple[int, str]:
+    """The step cap T the logs were played under, and where it was read: the length of their
+    truncated trajectories (truncated means cut at the cap), else the longest trajectory, a lower
+    bound (none reached the cap, or its logger did not mark it)."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    caps = {len(t.steps) for t in trajectories if t.status is TrajectoryStatus.TRUNCATED}
+    if len(caps) > 1:
+        raise ValueError(f"the logs were truncated at {sorted(caps)} steps: give the cap with --horizon")
+    if caps:
+        return caps.pop(), "the length of the logs' truncated trajectories"
+    longest = max(len(t.steps) for t in trajectories)
+    return longest, "the longest trajectory in the logs, none truncated at a cap (--horizon sets it)"
 
 
 def calibrate(spec: GateSpec, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any]:
@@ -128,7 +151,7 @@ def evaluate_spec(
     thresholds: Sequence[float],
     workdir: Path,
 ) -> Result:
-    outcomes, params_by_part, fit_by_part = [], [], []
+    outcomes, params_by_part, fit_by_part, steps_by_part = [], [], [], []
     for i, (fit, ev) in enumerate(parts):
         cal = ReplayCalibration(
             target=target,
@@ -145,14 +168,15 @@ def evaluate_spec(
         gate = build_gate(spec.name, **{**spec.shared, **params})
         for record in labelled(fit):  # start the evaluation knowing the fit part, as logged
             gate.observe(record)
+        steps_by_part.append(tuple(gate.decision_steps))
         outcomes += replay(gate, ev, audit_budget, audit_target, spec.k)
         params_by_part.append(params)
-    return Result(spec, target, outcomes, params_by_part, fit_by_part)
+    return Result(spec, target, outcomes, params_by_part, fit_by_part, steps_by_part)
 
 
 def oracle_result(k: int, parts: Sequence[tuple[Sequence[GroupRecord], Sequence[GroupRecord]]]) -> Result:
     outcomes = [o for _, ev in parts for o in replay(build_gate("oracle", k=k), ev)]
-    return Result(GateSpec("oracle", k), math.nan, outcomes, [{}] * len(parts), [])
+    return Result(GateSpec("oracle", k), math.nan, outcomes, [{}] * len(parts), [], [(k,)] * len(parts))
 
 
 def _clusters(outcome_lists: Sequence[Sequence[GroupOutcome]]) -> list[np.ndarray]:
@@ -213,14 +237,25 @@ def _params_text(params: Sequence[dict[str, Any]]) -> str:
     return "; ".join(dict.fromkeys(shown)) if len(set(shown)) > 1 else (shown[0] if shown else "")
 
 
-def table(results: Sequence[Result]) -> list[str]:
+def _schedules(r: Result, fmt: Callable[[int], str]) -> str:
+    """The steps the gate decided at, ``fmt``-ed; folds whose calibrated steps differ joined by '; '."""
+    return "; ".join(", ".join(map(fmt, steps)) for steps in dict.fromkeys(r.steps))
+
+
+def _paper_points(r: Result, horizon: int) -> list[paper_reference.PaperPoint]:
+    """The paper's point nearest to each K/T the gate decided at, each once, in step order."""
+    ks = sorted({k for steps in r.steps for k in steps})
+    return list(dict.fromkeys(paper_reference.nearest(k, horizon) for k in ks))
+
+
+def table(results: Sequence[Result], horizon: int) -> list[str]:
     head = (
-        "| gate | target | calibrated on the fit part (per fold) | stops (audited) | precision | "
-        "recall | recall all-fail / all-succeed (groups running at K) | step-tokens saved | "
-        "share of oracle | saved minus prefix_edit's | step-tokens per informative group vs no gate | "
-        "adv L2 kept |"
+        "| gate | target | calibrated on the fit part (per fold) | decides at K (K/T) | stops (audited) | "
+        "precision | recall | recall all-fail / all-succeed (groups running at K) | step-tokens saved | "
+        "paper at the same K/T: saved at precision | share of oracle | saved minus prefix_edit's | "
+        "step-tokens per informative group vs no gate | adv L2 kept |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 14]
     for r in results:
         s, ci = r.summary, r.ci
         vs = "" if r.vs_baseline is None else _with_ci(r.vs_baseline[0], r.vs_baseline[1:], _pct)
@@ -229,13 +264,16 @@ def table(results: Sequence[Result]) -> list[str]:
         if r.spec.name == "learned":
             thr = [f"P>={_learned_threshold(p):.2f}" for p in r.params]
             params = "fitted model, " + ", ".join(dict.fromkeys(thr))
+        steps = _schedules(r, lambda k: f"{k} ({k / horizon:.2f})")
+        paper = "; ".join(map(str, _paper_points(r, horizon)))
         lines.append(
-            f"| {r.spec.label} | {target} | {params} | {s['stops']:.0f} ({s['audited']:.0f}) | "
+            f"| {r.spec.label} | {target} | {params} | {steps} | {s['stops']:.0f} ({s['audited']:.0f}) | "
             f"{_with_ci(s['precision'], ci['precision'], _num, 'n/a (no stop)')} | "
             f"{_with_ci(s['recall'], ci['recall'], _num)} | "
             f"{_num(s['recall_all_fail'])} ({s['all_fail_live']:.0f}) / "
             f"{_num(s['recall_all_succeed'])} ({s['all_succeed_live']:.0f}) | "
             f"{_with_ci(s['saved'], ci['saved'], _pct)} | "
+            f"{paper} | "
             f"{_with_ci(s['share_of_oracle'], ci['share_of_oracle'], _pct)} | "
             f"{vs} | {_with_ci(s['per_informative'], ci['per_informative'], _signed_pct)} | "
             f"{s['adv_l2_preserved']:.1%} |"
@@ -249,8 +287,9 @@ def _learned_threshold(params: dict[str, Any]) -> float:
     return LearnedModel.load(params["model_path"]).threshold
 
 
-def write_csv(results: Sequence[Result], path: Path) -> None:
-    fields = ["gate", "target", "params", "groups", "zero_variance", "stops", "audited", "false_stops"]
+def write_csv(results: Sequence[Result], path: Path, horizon: int) -> None:
+    fields = ["gate", "target", "params", "horizon", "steps", "k_over_t", "paper_k", "paper_saved"]
+    fields += ["paper_precision", "groups", "zero_variance", "stops", "audited", "false_stops"]
     fields += [f"{n}{suffix}" for n in STATISTICS for suffix in ("", "_lo", "_hi")]
     fields += ["saved_minus_prefix_edit", "saved_minus_prefix_edit_lo", "saved_minus_prefix_edit_hi"]
     fields += ["oracle_saved", "adv_l2_preserved", "all_fail_live", "all_succeed_live"]
@@ -260,6 +299,15 @@ def write_csv(results: Sequence[Result], path: Path) -> None:
         w.writeheader()
         for r in results:
             row: dict[str, Any] = {"gate": r.spec.label, "target": r.target, "params": _params_text(r.params)}
+            paper = _paper_points(r, horizon)
+            row.update(
+                horizon=horizon,
+                steps=_schedules(r, str),
+                k_over_t=_schedules(r, lambda k: f"{k / horizon:.4g}"),
+                paper_k=";".join(str(p.k) for p in paper),
+                paper_saved=";".join(f"{p.saved:g}" for p in paper),
+                paper_precision=";".join("" if p.precision is None else f"{p.precision:g}" for p in paper),
+            )
             row.update(
                 {k: r.summary[k] for k in ("groups", "zero_variance", "stops", "audited", "false_stops")}
             )
@@ -282,8 +330,9 @@ def write_csv(results: Sequence[Result], path: Path) -> None:
 
 def plot(results: Sequence[Result], curve: Sequence[tuple[float, float]], path: Path) -> None:
     """Held-out savings vs precision: one line per gate through its targets, the oracle as a star,
-    and (grey) prefix_edit at every tau on the evaluated groups, uncalibrated (an upper envelope
-    of what choosing its tau could give, not a held-out figure)."""
+    (grey) prefix_edit at every tau on the evaluated groups, uncalibrated (an upper envelope
+    of what choosing its tau could give, not a held-out figure), and the paper's per-K operating
+    points labelled with their K/T, the reference a gate's row compares with at its own K/T."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -318,6 +367,28 @@ def plot(results: Sequence[Result], curve: Sequence[tuple[float, float]], path: 
         )
         for x, y, t in pts:
             ax.annotate(f"{t:g}", (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    paper = [p for p in paper_reference.POINTS if p.precision is not None]
+    ax.plot(
+        [p.saved * 100 for p in paper],
+        [p.precision for p in paper],
+        ls=":",
+        lw=0.6,
+        marker="h",
+        mfc="none",
+        color="black",
+        label=f"paper (arXiv {paper_reference.ARXIV}), by K/T",
+    )
+    for before, p in zip([None, *paper], paper, strict=False):
+        # the points crowd around the best K: labels left of the falling part, right of the rising one
+        left = before is not None and p.saved < before.saved
+        ax.annotate(
+            f"{p.k_over_t:.2f}",
+            (p.saved * 100, p.precision),
+            fontsize=6,
+            xytext=(-5 if left else 5, -2),
+            textcoords="offset points",
+            ha="right" if left else "left",
+        )
     for r in results:
         if r.spec.name == "oracle":
             ax.scatter(
@@ -327,7 +398,7 @@ def plot(results: Sequence[Result], curve: Sequence[tuple[float, float]], path: 
     ax.set_xlabel("step-tokens saved on held-out groups (%)")
     ax.set_ylabel("precision of the stops")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Held-out gates (labels: target precision on the fit part)")
+    ax.set_title("Held-out gates (labels: target precision on the fit part; the paper's: K/T)")
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -409,6 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--targets", type=_floats, default=[0.9, 0.8], help="target precisions (fit part)")
     parser.add_argument("--gates", default=DEFAULT_GATES)
     parser.add_argument(
+        "--horizon",
+        type=int,
+        help="the episode cap T (rollout.max_steps) for K/T; default: read from the logs (see above)",
+    )
+    parser.add_argument(
         "--audit-budget",
         type=float,
         default=0.05,
@@ -424,13 +500,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(s <= args.k for s in args.steps) or args.k < 1 or args.folds < 2:
         print("error: need --k >= 1, --steps > k and --folds >= 2", file=sys.stderr)
         return 2
+    if args.horizon is not None and args.horizon < max([args.k, *args.steps]):
+        print("error: --horizon must be >= --k and --steps", file=sys.stderr)
+        return 2
     try:
         names = [g for g in args.gates.split(",") if g]
         for name in names:
             if gate_class(name).offline_only:
                 raise ValueError(f"gate {name!r} is the reference (the oracle row is always there)")
         if args.rollouts:
-            groups = _read(args.rollouts)
+            groups = logged = _read(args.rollouts)
             tasks = {g.task_id for g in groups}
             if len(tasks) < args.folds:
                 raise ValueError(f"{len(tasks)} task(s) with labelled groups cannot fill {args.folds} folds")
@@ -446,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"--fit and --eval share {', '.join(map(str, sorted(both)))}: never evaluate on a fit log"
                 )
             fit, ev = _read(args.fit), _read(args.eval)
+            logged = fit + ev
             parts = [(fit, ev)]
             source = (
                 f"fit on {len(fit)} groups ({', '.join(map(str, args.fit))}), "
@@ -453,6 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if not all(ev for _, ev in parts):
             raise ValueError("an evaluation part holds no labelled group")
+        horizon, horizon_source = (
+            (args.horizon, "--horizon") if args.horizon is not None else episode_cap(logged)
+        )
         specs = [GateSpec(n, args.k) for n in names]
         if args.steps:
             specs += [GateSpec(n, args.k, tuple(args.steps)) for n in names]
@@ -478,14 +561,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = [
         f"Held-out gate evaluation: {source}.",
         f"Evaluated {len(evaluated)} groups, {n_zero} zero-variance ({n_zero / len(evaluated):.0%}); "
-        f"K={args.k}; the oracle saves {_pct(oracle['oracle_saved'])} of step-tokens; "
+        f"K={args.k} of T={horizon} steps (K/T {args.k / horizon:.2f}; T: {horizon_source}); "
+        f"the oracle saves {_pct(oracle['oracle_saved'])} of step-tokens; "
         f"audit budget {args.audit_budget:g} replayed.",
         "",
     ]
-    lines = header + table(results)
+    first, last = paper_reference.POINTS[0], paper_reference.POINTS[-1]
+    note = [
+        "",
+        f"Paper at the same K/T: the operating point of arXiv {paper_reference.ARXIV} (prefix_edit, "
+        f"D_K < tau, ALFWorld, G = 8, T = {paper_reference.HORIZON}, best rule at precision >= 0.8 over "
+        "100 groups) whose K/T is nearest to the gate's, not interpolated (ties go to the earlier step; "
+        f"the paper reports K/T {first.k_over_t:.2f}-{last.k_over_t:.2f}, a K/T outside gets the end "
+        "point). Its per-K table:",
+        "",
+    ]
+    lines = header + table(results, horizon) + note + paper_reference.reference_table()
     text = "\n".join(lines) + "\n"
     (args.out / "heldout.md").write_text(text)
-    write_csv(results, args.out / "heldout.csv")
+    write_csv(results, args.out / "heldout.csv", horizon)
     with caching():
         curve = prefix_curve(args.k, evaluated, ReplayCalibration(0.0).thresholds)
     plot(results, curve, args.out / "heldout_pareto.png")
