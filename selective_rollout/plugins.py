@@ -31,6 +31,7 @@ GATES.add("stalled", f"{_GATE}.stalled:StalledGate")
 GATES.add("history", f"{_GATE}.history:HistoryGate")
 GATES.add("precision_target", f"{_GATE}.precision_target:PrecisionTargetGate")
 GATES.add("learned", f"{_GATE}.learned:LearnedGate")
+GATES.add("any", f"{_GATE}.any_of:AnyGate")
 
 STRATEGIES: Registry = Registry(
     "strategy",

@@ -98,7 +98,10 @@ class EntrySection(Section):
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         params = cls.registry.params(selected).model_validate({**cls._shared(data), **extra})
-        return {**data, **params.model_dump(include=set(own or ()))}
+        # the entry's own keys, and the shared ones it declares as its Params settled them (a
+        # composed gate derives its k from its members)
+        declared = set(own or ()) | (set(params.model_fields) & set(cls.model_fields))
+        return {**data, **params.model_dump(include=declared)}
 
     @classmethod
     def _shared(cls, data: dict[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ class GateConfig(EntrySection):
         description="a registered gate: prefix_edit (the paper's D_K < tau), two_axis (D_K < d_low or "
         "terminated >= t_high), precision_target (tau set online from audits), history (the task's "
         "earlier groups as a prior), stalled (no trajectory finished by step K), learned (a fitted model), "
-        "none, or your own (docs/gate.md); its "
+        "any (several of these, each at its own step), none, or your own (docs/gate.md); its "
         "own keys are listed below",
     )
     # the shared parameters, declared once by the gate library

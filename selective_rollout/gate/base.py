@@ -221,7 +221,8 @@ class Gate:
         is None); audited and uncut groups carry them."""
 
     def metrics(self) -> dict[str, float]:
-        """The gate's own state for the run's metrics (reported as ``gate/<name>``); {} by default."""
+        """The gate's own state for the run's metrics (logged as ``gate/state/<key>``; the run report
+        shows the last values); {} by default."""
         return {}
 
     @classmethod

@@ -13,8 +13,9 @@ accumulate; new evidence against it tightens it again.
 Groups below the current tau are known only when audited, so they are under-represented in the
 estimate; where P(zero variance | D_K) falls as D_K grows (what the gate assumes anyway), that
 makes the estimate, and so tau, conservative. Its tau, the number of labelled groups and the bound
-are gate metrics (``gate/tau``, ``gate/tau_labelled``, ``gate/tau_precision_low``), and each
-decision's reason and features carry the tau it used, so rollouts.jsonl holds the trajectory.
+are gate metrics (``gate/state/tau``, ``gate/state/tau_labelled``,
+``gate/state/tau_precision_low``), and each decision's reason and features carry the tau it used,
+so rollouts.jsonl holds the trajectory.
 """
 
 from __future__ import annotations

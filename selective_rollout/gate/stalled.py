@@ -20,6 +20,11 @@ too (stop when at most that share of the G has finished by K); the default 0 sto
 with none, and a negative value none at all (what the held-out calibration picks when no value
 reaches its target precision on the fit part). K is the gate's ``k``; docs/gate.md has its
 held-out figures on the medium ALFWorld games.
+
+With ``online=[first, last]`` the step is the run's own: K is the prior, and after every labelled
+group (uncut, or an audited stop) the step in force becomes the earliest in first..last at which
+the rule is precise enough on those groups (``gate/online_step.py``). The held-out step moves with
+the task set; this one follows the tasks the run plays.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
 from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.features import termination_frac
+from selective_rollout.gate.online_step import OnlineStep
+from selective_rollout.gate.snapshot import state_at
 from selective_rollout.records import GroupRecord
 
 
@@ -43,6 +50,25 @@ class StalledParams(GateParams):
         description="stop when at most this share of the G trajectories has finished by step K "
         "(0: only groups none of which has; < 0: never stop)",
     )
+    online: list[int] = Field(
+        default_factory=list,
+        description="[first, last]: choose the step online among first..last from the run's labelled "
+        "(uncut and audited) groups, k as the prior; []: k fixed",
+    )
+    target: float = Field(0.9, ge=0.0, le=1.0, description="online: the precision the step must keep")
+    confidence: float = Field(
+        0.8, gt=0.0, lt=1.0, description="online: two-sided Clopper-Pearson level of the precision bounds"
+    )
+
+    @model_validator(mode="after")
+    def _online_range(self) -> StalledParams:
+        if not self.online:
+            return self
+        if len(self.online) != 2 or not self.online[0] <= self.k <= self.online[1]:
+            raise ValueError(f"online must be [first, last] with first <= k={self.k} <= last: {self.online}")
+        if self.mode != "at_k" or self.steps:
+            raise ValueError("online chooses one step: it needs mode=at_k and no steps")
+        return self
 
 
 class StalledGate(Gate):
@@ -51,6 +77,39 @@ class StalledGate(Gate):
     Params = StalledParams
     threshold = "max_finished_frac"
     params: StalledParams
+
+    def __init__(self, params: GateParams | None = None, **values: Any) -> None:
+        super().__init__(params, **values)
+        first, last = self.params.online or (self.k, self.k)
+        self.online = (
+            OnlineStep(
+                self.k,
+                range(first, last + 1),
+                self.params.target,
+                self.params.confidence,
+                lambda record, step: self.decide(state_at(record, step)).stop,
+            )
+            if self.params.online
+            else None
+        )
+
+    @property
+    def decision_steps(self) -> list[int]:
+        if self.online is None:
+            return super().decision_steps
+        return [] if self.online.step is None else [self.online.step]
+
+    def should_check(self, step: int) -> bool:
+        if self.online is None:
+            return super().should_check(step)
+        return step == self.online.step
+
+    def observe(self, record: GroupRecord) -> None:
+        if self.online is not None:
+            self.online.observe(record)
+
+    def metrics(self) -> dict[str, float]:
+        return self.online.metrics() if self.online is not None else {}
 
     def decide(self, group: GroupState) -> GateDecision:
         frac = termination_frac(group.actions, group.step, group.ended)

@@ -281,6 +281,12 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         if whole
         else "no group ran to the end"
     )
+    prefix = "gate/state/"
+    state = {k.removeprefix(prefix): v for m in metrics for k, v in m.items() if k.startswith(prefix)}
+    state_row = (
+        ", ".join(f"{key} {value:g}" for key, value in state.items())
+        + " (what the gate set from the run's labelled groups, at the last iteration)"
+    )
     memory_row = (
         ", ".join(f"{kind} {gb:.1f} GB" for kind, gb in report["peak_rss_gb"].items())
         + " (the largest process of each kind, sampled at the end of each iteration)"
@@ -302,6 +308,7 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         f"| gate fires | {summary['gate_fires']} (cut groups spent {_fmt(summary['step_tokens_past_cut'])} "
         "step-tokens past their gate step) |",
         f"| audited gate precision | {precision} |",
+        *([f"| gate's own state | {state_row} |"] if state else []),
         f"| rollout step-tokens spent | {_fmt(summary['step_tokens_spent'])} |",
         f"| step-tokens saved by the gate (estimate) | {_fmt(summary['step_tokens_saved_est'])} "
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "

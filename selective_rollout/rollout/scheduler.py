@@ -247,7 +247,7 @@ class GroupScheduler(RolloutSource):
             "system/tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "system/env_steps_per_s": steps / wall if wall > 0 else 0.0,
         }
-        metrics.update({f"gate/{key}": float(value) for key, value in self.gate.metrics().items()})
+        metrics.update({f"gate/state/{key}": float(value) for key, value in self.gate.metrics().items()})
         if audited:
             metrics["gate/audit_n"] = float(len(audited))
             metrics["gate/audit_precision"] = sum(bool(r.zero_variance) for r in audited) / len(audited)

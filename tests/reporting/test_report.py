@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from selective_rollout.records import GateRecord, GroupRecord, Outcome, Step, Trajectory
-from selective_rollout.reporting.report import peak_memory, regime_summary, rollout_summary, saving_estimate
+from selective_rollout.reporting.report import (
+    peak_memory,
+    regime_summary,
+    rollout_summary,
+    saving_estimate,
+    write_report,
+)
 
 
 def _group(outcome, task_type, actions, rewards, gate_step=None, tokens=10):
@@ -146,3 +155,15 @@ def test_peak_memory_is_the_largest_process_of_each_kind_over_the_iterations():
     assert peak_memory(metrics) == {"engine": 4.0, "driver": 0.4, "learner": 7.5}
     assert list(peak_memory(metrics)) == ["engine", "driver", "learner"]  # first-logged order
     assert peak_memory([{"iteration": 0, "rollout/wall_s": 1.0}]) == {}
+
+
+def test_the_report_shows_the_gates_own_state_at_the_last_iteration(tmp_path: Path) -> None:
+    rows = [
+        {"iteration": 0, "gate/fires": 1.0, "gate/state/step": 11.0, "gate/state/step_labelled": 8.0},
+        {"iteration": 1, "gate/fires": 2.0, "gate/state/step": 9.0, "gate/state/step_labelled": 30.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(tmp_path, {"iteration": 2}, regime_k=4).read_text()
+    assert "| gate's own state | step 9, step_labelled 30 (what the gate set" in report
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "gate/fires": 0.0}) + "\n")
+    assert "gate's own state" not in write_report(tmp_path, {"iteration": 1}, regime_k=4).read_text()

@@ -394,14 +394,14 @@ def test_history_gate_learns_from_finished_groups_and_cuts_a_repeat(tmp_path):
     co = Coordinated([*overrides, *history], run_dir=tmp_path)
     first = co.run(["diverge_lose", "diverge_mixed"])
     assert [o for _, o in outcomes(first)] == [Outcome.COMPLETED, Outcome.COMPLETED]
-    assert first.metrics["gate/history_tasks"] == 2.0
+    assert first.metrics["gate/state/history_tasks"] == 2.0
     second = co.run(["diverge_lose", "diverge_mixed"], iteration=1)
     assert [o for _, o in outcomes(second)] == [Outcome.CUT, Outcome.COMPLETED]
     cut = second.groups[0]
     assert (
         "after a zero-variance group" in cut.gate.reason and cut.gate.features["prefix_edit_distance"] == 1.0
     )
-    assert second.metrics["gate/history_used_frac"] == 0.5  # of its decisions so far, the second two
+    assert second.metrics["gate/state/history_used_frac"] == 0.5  # of its decisions so far, the second two
     # a resumed run (a new coordinator on the same run folder) relearns the history from the log
     resumed = Coordinated([*overrides, *history], run_dir=tmp_path)
     assert set(resumed.c.gate.known) == {g.task_id for g in first.groups}
@@ -433,7 +433,7 @@ def test_precision_target_gate_reports_its_tau():
     batch = co.run(["converge_lose", "diverge_mixed"])
     # no evidence yet: tau starts at 0 and cuts nothing; both finished groups are now known
     assert [o for _, o in outcomes(batch)] == [Outcome.COMPLETED, Outcome.COMPLETED]
-    assert batch.metrics["gate/tau"] == 0.0 and batch.metrics["gate/tau_labelled"] == 2.0
+    assert batch.metrics["gate/state/tau"] == 0.0 and batch.metrics["gate/state/tau_labelled"] == 2.0
 
 
 def test_dead_env_worker_fails_only_its_group_and_is_retried():
