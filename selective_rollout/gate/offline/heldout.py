@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from selective_rollout.gate.base import Calibration, build_gate, gate_class
-from selective_rollout.gate.calibration import best_params
+from selective_rollout.gate.base import build_gate, gate_class
+from selective_rollout.gate.calibration import calibrated_params
 from selective_rollout.gate.offline import paper_reference
 from selective_rollout.gate.offline.replay import (
     ROW_WIDTH,
@@ -130,18 +130,6 @@ def episode_cap(groups: Sequence[GroupRecord]) -> tuple[int, str]:
     return longest, "the longest trajectory in the logs, none truncated at a cap (--horizon sets it)"
 
 
-def calibrate(spec: GateSpec, fit: Sequence[GroupRecord], cal: Calibration) -> dict[str, Any]:
-    """The gate's parameters for ``cal.target`` on ``fit``: its own ``calibrate``, else the default
-    (its ``threshold`` over ``cal.thresholds``; a gate without one keeps its defaults)."""
-    cls = gate_class(spec.name)
-    own = cls.calibrate(fit, cal)
-    if own is not None:
-        return own
-    if cls.threshold is None:
-        return {}
-    return best_params(spec.name, [{cls.threshold: t} for t in cal.thresholds], fit, cal)[0]
-
-
 def evaluate_spec(
     spec: GateSpec,
     target: float,
@@ -162,7 +150,7 @@ def evaluate_spec(
             workdir=workdir,
             tag=f"{spec.label}-p{target:g}-fold{i}",
         )
-        params = calibrate(spec, fit, cal)
+        params = calibrated_params(spec.name, fit, cal)
         # a calibration may set a shared key too (stalled picks its step); the oracle stays at K
         fit_by_part.append(cal.score(build_gate(spec.name, **{**spec.shared, **params}), fit))
         gate = build_gate(spec.name, **{**spec.shared, **params})
