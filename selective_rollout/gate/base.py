@@ -160,6 +160,7 @@ class Calibration(ABC):
     thresholds: Sequence[float] = tuple(i / 100 for i in range(101))
     workdir: Path = Path(".")  # where a gate may write what it fits (a learned model)
     tag: str = "fit"  # names those files (one per fold and target)
+    online: tuple[int, int] | None = None  # a gate that can choose its step online does, in first..last
 
     @abstractmethod
     def score(self, gate: Gate, groups: Sequence[GroupRecord]) -> dict[str, float]:

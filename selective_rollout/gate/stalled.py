@@ -134,4 +134,12 @@ class StalledGate(Gate):
         # a schedule of later steps (--steps) fixes K: the later steps must stay after it
         steps = [first] if cal.shared.get("steps") else range(first, max(first, longest - 1) + 1)
         grid = [{"k": k, "max_finished_frac": t} for k in steps for t in shares]
-        return best_params(cls.name, [{"max_finished_frac": -1.0}, *grid], fit, cal)[0]
+        best = best_params(cls.name, [{"max_finished_frac": -1.0}, *grid], fit, cal)[0]
+        if cal.online is None or cal.shared.get("steps"):
+            return best
+        # online: the fitted step is the prior; where none was precise enough, the latest step is
+        first, last = cal.online
+        if best["max_finished_frac"] < 0:
+            best = {"k": last, "max_finished_frac": 0.0}
+        k = best["k"]
+        return {**best, "online": [min(first, k), max(last, k)], "target": cal.target}

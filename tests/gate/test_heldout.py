@@ -171,3 +171,24 @@ def test_cli_names_a_bad_gate(tmp_path, capsys, gates) -> None:
             w.write(g)
     assert main(["--rollouts", str(log), "--gates", gates, "--k", "4", "--out", str(tmp_path / "o")]) == 2
     assert gates in capsys.readouterr().err
+
+
+def test_online_variants_take_the_calibrated_step_as_prior_and_a_composed_gate_lists_its_members() -> None:
+    parts = [(late_winners("fit"), late_winners("ev"))]
+    specs = [GateSpec("stalled", 4, online=(4, 9)), GateSpec("any", 4, online=(4, 9))]
+    stalled, composed, _ = run(parts, specs, [0.9], k=4, resamples=50)
+    assert stalled.spec.label == "stalled~online" and composed.spec.label == "any~online"
+    assert stalled.params[0] == {
+        "k": 8,
+        "max_finished_frac": 0.0,
+        "online": [4, 9],
+        "target": 0.9,
+        "steps_at_end": [8],  # 9 groups observed: too few to move the prior either way
+    }
+    assert stalled.summary["precision"] == 1.0 and stalled.summary["stops"] == 6
+    member = next(m for m in composed.params[0]["members"] if m["name"] == "stalled")
+    # the default member looks from step 11, past these 10-step episodes: nothing precise to fit,
+    # so the latest step of the range is its prior
+    assert member["k"] == 9 and member["online"] == [4, 9]
+    row = table([composed], horizon=10)[2]
+    assert "members=[stalled@9 max_finished_frac=0 online, prefix_edit@4 tau=" in row

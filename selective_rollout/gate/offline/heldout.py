@@ -2,7 +2,7 @@
 
     python -m selective_rollout.gate.offline.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
         [--steps 6,8] [--targets 0.9,0.8] [--gates prefix_edit,learned,history,precision_target] \\
-        [--horizon T] --out DIR
+        [--online stalled,any] [--horizon T] --out DIR
     python -m selective_rollout.gate.offline.heldout --fit A.jsonl [...] --eval B.jsonl [...] --k 4 --out DIR
 
 The fit and evaluation parts never share a group: either the given files (``--fit`` / ``--eval``,
@@ -14,7 +14,9 @@ the others (cross-fitting), so every group is evaluated once, by gates that neve
 For each gate and target precision, on the fit part: a threshold gate takes the threshold value
 that saves the most while its precision there stays >= the target (the loosest such one);
 ``learned`` fits its model (gate/offline/fit.py), ``history`` its thresholds, ``precision_target`` is
-given the target (its tau comes online), ``stalled`` its step (K or later) and share. The
+given the target (its tau comes online), ``stalled`` its step (K or later) and share, ``any`` each
+member alone (stricter while their union falls short). ``--online`` adds variants that take the
+calibrated step as a prior and choose it online from the groups they observe (``gate.online``). The
 calibrated gate then observes the fit part's groups (a gate with memory starts the evaluation
 knowing them) and is replayed over the evaluation part in log order as a run would meet it
 (gate/offline/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
@@ -78,10 +80,12 @@ class GateSpec:
     name: str
     k: int
     steps: tuple[int, ...] = ()
+    online: tuple[int, int] | None = None  # the step chosen online in first..last (label ~online)
 
     @property
     def label(self) -> str:
-        return self.name + (f"@{','.join(map(str, (self.k, *self.steps)))}" if self.steps else "")
+        at = f"@{','.join(map(str, (self.k, *self.steps)))}" if self.steps else ""
+        return self.name + at + ("~online" if self.online else "")
 
     @property
     def shared(self) -> dict[str, Any]:
@@ -149,6 +153,7 @@ def evaluate_spec(
             thresholds=thresholds,
             workdir=workdir,
             tag=f"{spec.label}-p{target:g}-fold{i}",
+            online=spec.online,
         )
         params = calibrated_params(spec.name, fit, cal)
         # a calibration may set a shared key too (stalled picks its step); the oracle stays at K
@@ -158,6 +163,8 @@ def evaluate_spec(
             gate.observe(record)
         steps_by_part.append(tuple(gate.decision_steps))
         outcomes += replay(gate, ev, audit_budget, audit_target, spec.k)
+        if spec.online:  # where the evaluation left the step it chose
+            params = {**params, "steps_at_end": gate.decision_steps}
         params_by_part.append(params)
     return Result(spec, target, outcomes, params_by_part, fit_by_part, steps_by_part)
 
@@ -216,10 +223,19 @@ def _with_ci(value: float, ci: tuple[float, float], fmt, empty: str = "n/a") -> 
     return f"{fmt(value)} [{fmt(ci[0])}, {fmt(ci[1])}]"
 
 
+def _member_text(member: dict[str, Any]) -> str:
+    """A composed gate's member in a few words: name@step, its swept threshold, online or not."""
+    threshold = gate_class(member["name"]).threshold
+    swept = f" {threshold}={member[threshold]:g}" if threshold in member else ""
+    return f"{member['name']}@{member['k']}{swept}" + (" online" if member.get("online") else "")
+
+
 def _params_text(params: Sequence[dict[str, Any]]) -> str:
     shown = []
     for p in params:
         items = {k: v for k, v in p.items() if k != "model_path"}
+        if "members" in items:
+            items["members"] = "[" + ", ".join(map(_member_text, items["members"])) + "]"
         text = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in items.items())
         shown.append(text or ("fitted model" if "model_path" in p else "defaults"))
     return "; ".join(dict.fromkeys(shown)) if len(set(shown)) > 1 else (shown[0] if shown else "")
@@ -468,6 +484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--targets", type=_floats, default=[0.9, 0.8], help="target precisions (fit part)")
     parser.add_argument("--gates", default=DEFAULT_GATES)
     parser.add_argument(
+        "--online",
+        default="",
+        help="gates (e.g. stalled,any) evaluated again choosing their step online in K..T-1 from the "
+        "groups they observe, the calibrated step as the prior (gate~online)",
+    )
+    parser.add_argument(
         "--horizon",
         type=int,
         help="the episode cap T (rollout.max_steps) for K/T; default: read from the logs (see above)",
@@ -527,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = [GateSpec(n, args.k) for n in names]
         if args.steps:
             specs += [GateSpec(n, args.k, tuple(args.steps)) for n in names]
+        specs += [GateSpec(n, args.k, online=(args.k, horizon - 1)) for n in args.online.split(",") if n]
         args.out.mkdir(parents=True, exist_ok=True)
         results = run(
             parts,
