@@ -49,6 +49,10 @@ METRICS = {
     "cuts_matched": "cuts matched in the reference run",
     "paired_cut_precision": "cuts zero-variance in the reference run",
     "false_cuts": "informative groups lost to false cuts (by the reference run)",
+    "cuts_all_fail": "cuts of groups all-fail in the reference run",
+    "cuts_all_succeed": "cuts of groups all-succeed in the reference run",
+    "audited_all_fail": "audited stops that were all-fail",
+    "audited_all_succeed": "audited stops that were all-succeed",
     "zero_var_frac": "zero-variance share",
     "success_before": "held-out success before",
     "success_after": "held-out success after",
@@ -218,6 +222,9 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "rollout_s_per_informative": report["rollout_wall_s"] / informative if informative else None,
         "step_tokens_per_informative": r["step_tokens_spent"] / informative if informative else None,
         "audit_precision": r["audit_precision"],
+        # a report written before audits were counted by class has no such entry
+        "audited_all_fail": r.get("audited_by_class", {}).get("all-fail"),
+        "audited_all_succeed": r.get("audited_by_class", {}).get("all-succeed"),
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
         "success_after": ev.get("after", {}).get("success_rate"),
@@ -234,19 +241,22 @@ def paired_cut_precision(reference: Path, run: Path) -> dict[str, Any]:
     from selective_rollout.records import Outcome, read_groups
 
     outcome = {
-        (g.iteration, g.task_id): g.zero_variance
+        (g.iteration, g.task_id): g.reward_class
         for g in read_groups(reference / "rollouts.jsonl")
-        if g.zero_variance is not None
+        if g.reward_class is not None
     }
     matched = [
         outcome[(g.iteration, g.task_id)]
         for g in read_groups(run / "rollouts.jsonl")
         if g.outcome is Outcome.CUT and (g.iteration, g.task_id) in outcome
     ]
+    right = sum(kind != "mixed" for kind in matched)
     return {
         "cuts_matched": len(matched),
-        "paired_cut_precision": sum(matched) / len(matched) if matched else None,
-        "false_cuts": len(matched) - sum(matched),
+        "paired_cut_precision": right / len(matched) if matched else None,
+        "false_cuts": len(matched) - right,
+        "cuts_all_fail": matched.count("all-fail"),
+        "cuts_all_succeed": matched.count("all-succeed"),
     }
 
 

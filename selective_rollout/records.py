@@ -158,6 +158,18 @@ class GroupRecord:
         return rewards_equal([float(r) for r in self.rewards])  # type: ignore[arg-type]
 
     @property
+    def reward_class(self) -> str | None:
+        """ "all-fail" or "all-succeed" (the two halves of the zero-variance waste), "mixed", or
+        None when the final rewards are unknown. A zero-variance group succeeded when its one
+        reward is positive."""
+        zero = self.zero_variance
+        if zero is None:
+            return None
+        if not zero:
+            return "mixed"
+        return "all-succeed" if float(self.rewards[0]) > 0.0 else "all-fail"  # type: ignore[arg-type]
+
+    @property
     def step_tokens(self) -> int:
         return sum(sum(t.step_tokens) for t in self.trajectories)
 

@@ -96,9 +96,9 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
         "audit_step_tokens": sum(g.tokens_after(g.gate.step) for g in audited if g.gate is not None),
         # online, a stopped group's class is known only when it was audited
         "audited_by_class": {
-            "all-fail": sum(bool(g.zero_variance) and not any(g.rewards) for g in audited),
-            "all-succeed": sum(bool(g.zero_variance) and any(g.rewards) for g in audited),
-            "informative": sum(g.zero_variance is False for g in audited),
+            "all-fail": sum(g.reward_class == "all-fail" for g in audited),
+            "all-succeed": sum(g.reward_class == "all-succeed" for g in audited),
+            "informative": sum(g.reward_class == "mixed" for g in audited),
         },
         "step_tokens_saved_est": saved,
         "step_tokens_saved_frac_est": saved / (spent + saved) if spent + saved else 0.0,

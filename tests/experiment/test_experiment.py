@@ -278,11 +278,15 @@ def test_cuts_are_checked_against_the_reference_run_of_the_same_task_and_iterati
         "cuts_matched": 3,
         "paired_cut_precision": 2 / 3,
         "false_cuts": 1,  # b was informative in the reference: one informative group lost
+        "cuts_all_fail": 1,  # a in iteration 1 (every reward 0)
+        "cuts_all_succeed": 1,  # a in iteration 0 (every reward 1)
     }
     assert paired_cut_precision(reference, reference) == {
         "cuts_matched": 0,
         "paired_cut_precision": None,
         "false_cuts": 0,
+        "cuts_all_fail": 0,
+        "cuts_all_succeed": 0,
     }
 
 

@@ -76,3 +76,14 @@ def test_experience_validates_lengths():
         Experience("g", "t", "x", [1, 2], [1], [0.0, 0.0], 1.0)
     with pytest.raises(ValueError, match="finite"):
         Experience("g", "t", "x", [1], [1], [0.0], float("nan"))
+
+
+def test_a_group_is_all_fail_all_succeed_mixed_or_unknown():
+    def record(rewards):
+        trajs = [Trajectory(index=i, steps=[Step(action="go")], reward=r) for i, r in enumerate(rewards)]
+        return GroupRecord("g", "t", "pick", trajs)
+
+    assert record([0.0, 0.0]).reward_class == "all-fail"
+    assert record([1.0, 1.0]).reward_class == "all-succeed"
+    assert record([0.0, 1.0]).reward_class == "mixed"
+    assert record([None, 1.0]).reward_class is None

@@ -152,7 +152,7 @@ def replay(
                 total=tokens_after(record),
                 oracle=tokens_after(record, k) if zero and live_after(record, k) else 0,
                 adv_sq=memo(record, ("adv",), lambda r=record: _advantage_sq(r)),
-                succeeded=zero and float(record.rewards[0] or 0.0) > 0.0,  # type: ignore[index]
+                succeeded=record.reward_class == "all-succeed",
                 live_at_k=live_after(record, gate.k),
             )
         )
