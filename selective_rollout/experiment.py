@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.policy_eval import per_task_changes, per_try_changes
@@ -74,6 +74,8 @@ class ExperimentConfig(BaseModel):
     """An experiment file: which base run, which arms, which seeds."""
 
     model_config = ConfigDict(extra="forbid")
+    # the shared overrides as layers: an origin's (overrides_of), then this file's own
+    _layers: list[list[str]] | None = PrivateAttr(default=None)
     name: str = "experiment"
     base: str | None = Field(
         None, description="base run config (path relative to the experiment file or the CWD)"
@@ -110,6 +112,10 @@ class ExperimentConfig(BaseModel):
         "135M CPU profile) are deleted once the arm is done",
     )
 
+    def layers(self) -> list[list[str]]:
+        """The shared overrides as ``load_config`` layers: an origin's, then this file's."""
+        return self._layers if self._layers is not None else [self.overrides]
+
 
 def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
     path = Path(path)
@@ -129,9 +135,9 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
         if exp.base is not None:
             raise ConfigError(f"{path}: base: and overrides_of: both name a base run config; keep one")
         origin, origin_base = load_experiment(path.parent / exp.overrides_of)
-        exp = exp.model_copy(
-            update={"base": str(origin_base), "overrides": [*origin.overrides, *exp.overrides]}
-        )
+        own = exp.overrides
+        exp = exp.model_copy(update={"base": str(origin_base), "overrides": [*origin.overrides, *own]})
+        exp._layers = [*origin.layers(), own]
     if exp.base is None:
         raise ConfigError(f"{path}: base: the experiment names no base run config (base: or overrides_of:)")
     order = list(exp.arms)
@@ -577,9 +583,11 @@ def pooled_sweep(out: Path, sweep: SweepSpec, run_dirs: list[Path]) -> None:
     gate_evaluate(["--rollouts", str(pooled), "--out", str(out / "sweep"), "--k", ks, "--tau", sweep.tau])
 
 
-def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list[str]:
-    """The overrides of ``arm`` on ``seed``: the experiment's, the arm's, its gate memory (the
-    logs of its ``gate_memory`` arms on every other seed), the seed and the run folder."""
+def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list[list[str]]:
+    """The overrides of ``arm`` on ``seed``, as layers (``load_config``'s): the experiment's, then
+    the arm's with its gate memory (the logs of its ``gate_memory`` arms on every other seed), the
+    seed and the run folder. An arm that selects another entry (``gate.name=any``) so replaces the
+    shared overrides' keys of the one it replaces."""
     run_dir = out / f"{arm}-s{seed}"
     memory = [
         str(out / f"{src}-s{other}" / "rollouts.jsonl")
@@ -588,13 +596,15 @@ def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list
         if other != seed
     ]
     return [
-        *exp.overrides,
-        *exp.arms[arm],
-        *([f"gate.observe_logs=[{','.join(memory)}]"] if memory else []),
-        f"seed={seed}",
-        f"driver.task_shuffle_seed={seed}",
-        f"name={arm}-s{seed}",
-        f"driver.run_dir={run_dir}",
+        *exp.layers(),
+        [
+            *exp.arms[arm],
+            *([f"gate.observe_logs=[{','.join(memory)}]"] if memory else []),
+            f"seed={seed}",
+            f"driver.task_shuffle_seed={seed}",
+            f"name={arm}-s{seed}",
+            f"driver.run_dir={run_dir}",
+        ],
     ]
 
 
@@ -611,7 +621,7 @@ def run_experiment(path: str | Path, out: Path | None = None) -> Path:
     for arm in exp.arms:
         for seed in exp.seeds:
             run_dir = out / f"{arm}-s{seed}"
-            cfg = load_config(base, run_overrides(exp, out, arm, seed))
+            cfg = load_config(base, layers=run_overrides(exp, out, arm, seed))
             key = before_eval_key(cfg)
             before = known_before.get(key) if exp.share_before_eval else None
             log.info(

@@ -89,8 +89,14 @@ def _drop_replaced_entry_keys(base: Any, overrides: Any) -> None:
             old_section.pop(key, None)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Load ``path`` (YAML), apply ``overrides`` (``section.key=value``), validate."""
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), layers: Sequence[Sequence[str]] = ()
+) -> RunConfig:
+    """Load ``path`` (YAML), apply ``overrides`` (``section.key=value``), validate.
+
+    ``layers`` are later lists of overrides, each applied over the result of the ones before (an
+    experiment's arm over its shared overrides): a layer that selects another entry replaces the
+    earlier layers' keys of that entry as an override replaces the file's."""
     base = OmegaConf.create({})
     if path is not None:
         path = Path(path)
@@ -113,15 +119,17 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             base = OmegaConf.load(path)
         except (yaml.YAMLError, OmegaConfBaseException) as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    for item in overrides:
+    for item in [*overrides, *(i for layer in layers for i in layer)]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
     try:
-        given = OmegaConf.from_dotlist(list(overrides))
-        for layer in (base, given):
-            move_renamed_sections(layer)
-        _drop_replaced_entry_keys(base, given)
-        merged = OmegaConf.merge(base, given)
+        merged = base
+        move_renamed_sections(merged)
+        for items in (overrides, *layers):
+            given = OmegaConf.from_dotlist(list(items))
+            move_renamed_sections(given)
+            _drop_replaced_entry_keys(merged, given)
+            merged = OmegaConf.merge(merged, given)
         data: Any = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad override or interpolation: {exc}".splitlines()[0]) from exc

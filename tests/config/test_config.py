@@ -121,3 +121,14 @@ def test_gate_name_none_is_read_with_one_warning_line_and_the_strategy_is_the_sw
     with caplog.at_level(logging.WARNING, logger="selective_rollout.config"):
         assert not load_config(None, ["rollout.strategy=none"]).rollout.uses_gate
     assert _warnings(caplog) == []
+
+
+def test_a_later_layer_that_selects_another_gate_replaces_the_earlier_layers_keys():
+    paper = ["gate.name=prefix_edit", "gate.k=4", "gate.tau=0.2"]
+    with pytest.raises(ConfigError, match="gate 'stalled' has no such parameter"):  # one list: refused
+        load_config(None, [*paper, "gate.name=stalled"])
+    cfg = load_config(None, paper, layers=[["gate.name=stalled", "gate.k=11"]])
+    assert cfg.gate.name == "stalled" and cfg.gate.k == 11
+    assert cfg.gate.build().params.max_finished_frac == 0.0
+    kept = load_config(None, paper, layers=[["rollout.group_size=4"]])  # no new entry: keys stay
+    assert kept.gate.build().params.tau == 0.2

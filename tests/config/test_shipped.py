@@ -28,7 +28,7 @@ def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path):
 
     exp, base = load_experiment(path)
     for arm in exp.arms.values():
-        load_config(base, [*exp.overrides, *arm])
+        load_config(base, layers=[*exp.layers(), arm])
 
 
 def test_paper_recipe_matches_the_paper():

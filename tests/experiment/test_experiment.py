@@ -315,7 +315,7 @@ def test_gate_memory_names_earlier_arms_on_other_seeds(tmp_path):
     )
     (tmp_path / "cpu_default.yaml").write_text("name: x\n")
     exp, _ = load_experiment(good)
-    got = run_overrides(exp, Path("out"), "hist", 1)
+    got = [o for layer in run_overrides(exp, Path("out"), "hist", 1) for o in layer]
     memory = [o for o in got if o.startswith("gate.observe_logs=")]
     # seed 1 learns from seeds 0 and 2 of both arms, never from its own (paired) seed
     assert memory == [
@@ -323,7 +323,8 @@ def test_gate_memory_names_earlier_arms_on_other_seeds(tmp_path):
         "out/dapo-s0/rollouts.jsonl,out/dapo-s2/rollouts.jsonl]"
     ]
     assert got[-4:] == ["seed=1", "driver.task_shuffle_seed=1", "name=hist-s1", "driver.run_dir=out/hist-s1"]
-    assert not any(o.startswith("gate.observe_logs") for o in run_overrides(exp, Path("out"), "ref", 1))
+    ref = run_overrides(exp, Path("out"), "ref", 1)
+    assert not any(o.startswith("gate.observe_logs") for layer in ref for o in layer)
     for text, match in [
         ("arms: {ref: [], hist: []}\nseeds: [0, 1]\ngate_memory: {hist: [nope]}", "not in arms"),
         ("arms: {hist: [], ref: []}\nseeds: [0, 1]\ngate_memory: {hist: [ref]}", "must come before"),
@@ -371,7 +372,7 @@ def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path, tmp_path):
                 (tmp_path / f"{src}-s{seed}").mkdir(exist_ok=True)
                 (tmp_path / f"{src}-s{seed}" / "rollouts.jsonl").touch()
     for arm in exp.arms:
-        cfg = load_config(base, run_overrides(exp, tmp_path, arm, exp.seeds[0]))
+        cfg = load_config(base, layers=run_overrides(exp, tmp_path, arm, exp.seeds[0]))
         assert cfg.name == f"{arm}-s{exp.seeds[0]}"
         if exp.gate_memory.get(arm):
             memory_runs = {Path(p).parent.name for p in cfg.gate.observe_logs}  # never its own seed's
