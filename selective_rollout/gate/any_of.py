@@ -131,14 +131,17 @@ class AnyGate(Gate):
     @classmethod
     def calibrate(cls, fit: list[GroupRecord], cal: Calibration) -> dict[str, Any]:
         """Each member calibrated alone at the target, at stricter ones while the union falls short
-        on ``fit`` (at 1.0 every member stops only where it is never wrong there, or never)."""
+        on ``fit`` (at 1.0 every member stops only where it is never wrong there, or never). A
+        member's step is where its search starts, at the evaluation's K at the latest."""
         members = cls.Params.model_validate(cal.shared).members
         strictness = 0.0
         while True:
             target = min(1.0, cal.target + strictness)
             tuned = []
             for i, member in enumerate(members):
+                # a member that calibrates its own step searches from the evaluation's K on
                 shared = {key: member[key] for key in SHARED}
+                shared["k"] = min(member["k"], cal.shared.get("k", member["k"]))
                 own = replace(cal, target=target, shared=shared, tag=f"{cal.tag}-member{i}")
                 tuned.append({**member, **calibrated_params(member["name"], fit, own)})
             params = {"members": tuned}

@@ -187,8 +187,7 @@ def test_online_variants_take_the_calibrated_step_as_prior_and_a_composed_gate_l
     }
     assert stalled.summary["precision"] == 1.0 and stalled.summary["stops"] == 6
     member = next(m for m in composed.params[0]["members"] if m["name"] == "stalled")
-    # the default member looks from step 11, past these 10-step episodes: nothing precise to fit,
-    # so the latest step of the range is its prior
-    assert member["k"] == 9 and member["online"] == [4, 9]
+    # the default member (step 11) searches from the evaluation's K = 4: the late winners put it at 8
+    assert member["k"] == 8 and member["online"] == [4, 9]
     row = table([composed], horizon=10)[2]
-    assert "members=[stalled@9 max_finished_frac=0 online, prefix_edit@4 tau=" in row
+    assert "members=[stalled@8 max_finished_frac=0 online, prefix_edit@4 tau=" in row
