@@ -2,9 +2,9 @@
 
 Each line names a class by ``"module:Class"`` and is loaded only when used, so this module (and the
 config, which reads parameters through it) imports none of the components it lists. A new gate,
-strategy, environment, back-end or loss component of this package is one file plus one line here;
-a third party's is one file plus an entry point of the registry's group in its own package
-(docs/design.md, "Plugging in").
+trajectory stop rule, strategy, environment, back-end or loss component of this package is one file
+plus one line here; a third party's is one file plus an entry point of the registry's group in its
+own package (docs/design.md, "Plugging in").
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from selective_rollout.registry import Registry
 
 _GATE = "selective_rollout.gate"
+_TRAJECTORY_STOP = "selective_rollout.trajectory_stop"
 _STRATEGIES = "selective_rollout.rollout.strategies"
 _ENGINES = "selective_rollout.rollout.engines"
 _LOSSES = "selective_rollout.trainer.losses"
@@ -32,6 +33,17 @@ GATES.add("history", f"{_GATE}.history:HistoryGate")
 GATES.add("precision_target", f"{_GATE}.precision_target:PrecisionTargetGate")
 GATES.add("learned", f"{_GATE}.learned:LearnedGate")
 GATES.add("any", f"{_GATE}.any_of:AnyGate")
+
+TRAJECTORY_STOPS: Registry = Registry(
+    "trajectory stop",
+    "selective_rollout.trajectory_stops",
+    base=f"{_TRAJECTORY_STOP}.base:TrajectoryRule",
+    params_base=f"{_TRAJECTORY_STOP}.base:TrajectoryStopParams",
+    check=f"{_TRAJECTORY_STOP}.base:check_rule",
+)
+TRAJECTORY_STOPS.add("none", f"{_TRAJECTORY_STOP}.base:NoStop")
+TRAJECTORY_STOPS.add("outlived", f"{_TRAJECTORY_STOP}.outlived:OutlivedRule")
+TRAJECTORY_STOPS.add("looping", f"{_TRAJECTORY_STOP}.looping:LoopingRule")
 
 STRATEGIES: Registry = Registry(
     "strategy",

@@ -72,6 +72,7 @@ class TrajectoryStatus(str, Enum):
     TRUNCATED = "truncated"  # hit the step cap
     CUT = "cut"  # its group was stopped by the gate
     FAILED = "failed"
+    STOPPED = "stopped"  # ended early by a trajectory stop rule; its reward is the assigned one
 
 
 @dataclass
@@ -96,14 +97,39 @@ class Step:
 
 
 @dataclass
+class TrajectoryStop:
+    """A trajectory stop rule's verdict on one trajectory of a running group, as logged.
+
+    ``assigned`` is the reward the rule gave it at ``step``. An ``audited`` stop ran on in shadow,
+    so its trajectory's ``reward`` is the true one and ``assigned == reward`` says whether the
+    rule's label was right; an unaudited one ended the trajectory (status ``stopped``) with the
+    assigned reward, which is then what the learner got.
+    """
+
+    step: int
+    assigned: float
+    rule: str
+    audited: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrajectoryStop:
+        assigned = _finite_or_none(d["assigned"], "assigned")
+        if assigned is None:
+            raise ValueError("a trajectory stop's assigned reward is null")
+        return cls(int(d["step"]), assigned, str(d["rule"]), bool(d.get("audited", False)))
+
+
+@dataclass
 class Trajectory:
     """One of the G rollouts of a group."""
 
     index: int
     steps: list[Step] = field(default_factory=list)
-    reward: float | None = None  # final reward; None while running or when cut unaudited
+    # final reward; None while running or when cut unaudited; the assigned one when stopped
+    reward: float | None = None
     won: bool = False
     status: TrajectoryStatus = TrajectoryStatus.FINISHED
+    stop: TrajectoryStop | None = None  # a trajectory stop rule's verdict, when one fired
 
     @property
     def actions(self) -> list[str]:
@@ -112,6 +138,14 @@ class Trajectory:
     @property
     def step_tokens(self) -> list[int]:
         return [s.step_tokens for s in self.steps]
+
+    @property
+    def label_right(self) -> bool | None:
+        """Whether an audited stop's assigned reward is the reward the trajectory got running on;
+        None without an audited stop or without a final reward (its group was cut or failed)."""
+        if self.stop is None or not self.stop.audited or self.reward is None:
+            return None
+        return abs(self.reward - self.stop.assigned) <= REWARD_TOL
 
 
 @dataclass
@@ -187,6 +221,8 @@ class GroupRecord:
         d["outcome"] = self.outcome.value
         for t in d["trajectories"]:
             t["status"] = TrajectoryStatus(t["status"]).value
+            if t["stop"] is None:  # a line of a run without trajectory stops reads as before
+                del t["stop"]
         return {"schema": SCHEMA_VERSION, **d}
 
     def to_json(self) -> str:
@@ -204,6 +240,7 @@ class GroupRecord:
                 reward=_finite_or_none(t.get("reward"), "reward"),
                 won=bool(t.get("won", False)),
                 status=TrajectoryStatus(t.get("status", "finished")),
+                stop=TrajectoryStop.from_dict(t["stop"]) if t.get("stop") is not None else None,
             )
             for t in d["trajectories"]
         ]

@@ -16,6 +16,7 @@ from selective_rollout.config.logging import LoggingConfig
 from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.rollout import RolloutConfig
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.config.trajectory_stop import TrajectoryStopConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class RunConfig(Section):
     name: str = Field("run", min_length=1, description="run name; the run folder is runs/<name>-<time>")
     seed: int = Field(0, description="seeds sampling, task order and the learner")
     gate: GateConfig = GateConfig()
+    # built on use, not at import: validating it reads the trajectory stop registry
+    trajectory_stop: TrajectoryStopConfig = Field(default_factory=TrajectoryStopConfig)
     env: EnvConfig = EnvConfig()
     # built on use, not at import: validating it reads the engine back-end registry
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -80,6 +83,18 @@ class RunConfig(Section):
             raise ValueError(
                 f"gate.k={self.gate.k} exceeds rollout.max_steps={self.rollout.max_steps}: "
                 "the gate would never look"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _trajectory_stop_within_episode(self) -> "RunConfig":
+        """A trajectory ends at the cap before it is asked there, so a rule whose first step is
+        the cap would never stop one."""
+        stop = self.trajectory_stop
+        if stop.name != "none" and stop.min_step >= self.rollout.max_steps:
+            raise ValueError(
+                f"trajectory_stop.min_step={stop.min_step} is not below rollout.max_steps="
+                f"{self.rollout.max_steps}: the rule would never stop a trajectory"
             )
         return self
 

@@ -132,3 +132,52 @@ def test_a_later_layer_that_selects_another_gate_replaces_the_earlier_layers_key
     assert cfg.gate.build().params.max_finished_frac == 0.0
     kept = load_config(None, paper, layers=[["rollout.group_size=4"]])  # no new entry: keys stay
     assert kept.gate.build().params.tau == 0.2
+
+
+def test_the_trajectory_stop_section_selects_a_rule_with_its_own_keys():
+    cfg = load_config(None, ["trajectory_stop.name=outlived", "trajectory_stop.min_step=4"])
+    rule = cfg.trajectory_stop.build()
+    assert rule.name == "outlived" and (rule.params.min_step, rule.params.min_winners) == (4, 1)
+    assert cfg.trajectory_stop.audit_target == 0.95
+    default = load_config(None, [])
+    assert default.trajectory_stop.name == "none" and not default.trajectory_stop.build().due(10)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trajectory_stop.name=outlived", "trajectory_stop.window=3"],
+            "trajectory_stop.window: trajectory stop 'outlived' has no such parameter (looping has) (got 3)",
+        ),
+        (
+            ["trajectory_stop.name=outlive"],
+            "trajectory_stop.name: unknown trajectory stop 'outlive' (did you mean 'outlived'?); known: "
+            "looping, none, outlived (got 'outlive')",
+        ),
+        (
+            ["trajectory_stop.name=looping", "trajectory_stop.windw=3"],
+            "trajectory_stop.windw: unknown key (did you mean trajectory_stop.window?)",
+        ),
+        (
+            ["trajectory_stop.name=outlived", "trajectory_stop.min_winners=0"],
+            "trajectory_stop.min_winners: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            ["trajectory_stop.name=looping", "trajectory_stop.min_step=15"],
+            "trajectory_stop.min_step=15 is not below rollout.max_steps=15: the rule would never stop a "
+            "trajectory",
+        ),
+        (["trajectory_stop.audit_target=0"], "trajectory_stop.audit_target: Input should be greater than 0"),
+    ],
+)
+def test_a_bad_trajectory_stop_key_is_one_line_naming_it(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert str(info.value).startswith(f"config error: {message}") and "\n" not in str(info.value)
+
+
+def test_a_later_layer_that_selects_another_rule_replaces_the_earlier_layers_keys():
+    looping = ["trajectory_stop.name=looping", "trajectory_stop.window=4"]
+    cfg = load_config(None, looping, layers=[["trajectory_stop.name=outlived"]])
+    assert cfg.trajectory_stop.name == "outlived" and "window" not in (cfg.trajectory_stop.model_extra or {})

@@ -1,5 +1,7 @@
 """rollouts.jsonl round-trips and survives a torn last line."""
 
+import json
+
 import pytest
 
 from selective_rollout.records import (
@@ -12,6 +14,7 @@ from selective_rollout.records import (
     Step,
     Trajectory,
     TrajectoryStatus,
+    TrajectoryStop,
     read_groups,
 )
 
@@ -87,3 +90,52 @@ def test_a_group_is_all_fail_all_succeed_mixed_or_unknown():
     assert record([1.0, 1.0]).reward_class == "all-succeed"
     assert record([0.0, 1.0]).reward_class == "mixed"
     assert record([None, 1.0]).reward_class is None
+
+
+def _stopped_group():
+    steps = [Step("go to desk 1", True, 100, 5)] * 3
+    return GroupRecord(
+        group_id="s",
+        task_id="train/t1",
+        task_type="look_at_obj_in_light",
+        trajectories=[
+            Trajectory(0, steps[:2], reward=1.0, won=True),
+            Trajectory(
+                1, steps, reward=0.0, status=TrajectoryStatus.STOPPED, stop=TrajectoryStop(3, 0.0, "outlived")
+            ),
+            Trajectory(
+                2, steps * 2, reward=1.0, won=True, stop=TrajectoryStop(3, 0.0, "outlived", audited=True)
+            ),
+            Trajectory(3, steps * 2, reward=0.0, stop=TrajectoryStop(4, 0.0, "looping", audited=True)),
+        ],
+    )
+
+
+def test_trajectory_stops_round_trip_and_say_whether_an_audited_label_was_right(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with GroupWriter(path) as w:
+        w.write(_stopped_group())
+    (group,) = read_groups(path)
+    assert group == _stopped_group()
+    stopped = group.trajectories[1]
+    assert stopped.status is TrajectoryStatus.STOPPED and stopped.reward == 0.0
+    assert stopped.stop.rule == "outlived" and not stopped.stop.audited
+    # only an audited stop has a measured label: the late winner's was wrong, the looper's right
+    assert [t.label_right for t in group.trajectories] == [None, None, False, True]
+    assert '"stop":null' not in path.read_text()  # a trajectory without a stop writes no field
+
+
+def test_a_line_written_before_trajectory_stops_reads_without_them(tmp_path):
+    path = tmp_path / "r.jsonl"
+    line = _group().to_json()
+    assert not any("stop" in t for t in json.loads(line)["trajectories"])  # the old form of a line
+    path.write_text(line + "\n")
+    (group,) = read_groups(path)
+    assert all(t.stop is None and t.label_right is None for t in group.trajectories)
+
+
+def test_a_stop_without_a_finite_assigned_reward_is_rejected():
+    line = _stopped_group().to_dict()
+    line["trajectories"][1]["stop"]["assigned"] = None
+    with pytest.raises(ValueError, match="assigned reward is null"):
+        GroupRecord.from_dict(line)
