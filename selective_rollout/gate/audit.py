@@ -16,6 +16,12 @@ part after the gate step; before any group has finished, no second audit is star
 group ends, however it ends, and a new audit is started only if its own expected cost fits
 too.
 
+Trajectory stops (selective_rollout.trajectory_stop) audit their labels from this same budget: one
+share of the run's step-tokens pays for every audit. Their owner reserves what its audits still
+running are expected to cost (``reserved``) and ``charge``s what each one spent after its stop
+step once its group has ended; both count against the budget like the group audits' own
+spending, and ``room_for`` tells that audit whether its next one fits.
+
 It lives in the gate library (base layer) because it needs nothing but records: the coordinator
 runs it online, and the held-out evaluation (gate/offline/heldout.py) replays logs under the same rule.
 """
@@ -26,6 +32,16 @@ from dataclasses import dataclass
 
 from selective_rollout.records import GroupRecord, Outcome
 from selective_rollout.stats import clopper_pearson
+
+
+def mean_cost(*totals: tuple[float, int]) -> float:
+    """The mean of the first (step-tokens, count) pair that counts anything, in order of preference
+    (what finished audits cost, then an upper bound of it); inf when none does: nothing has
+    finished, so no audit can be priced yet."""
+    for total, count in totals:
+        if count:
+            return total / count
+    return float("inf")
 
 
 @dataclass
@@ -40,6 +56,8 @@ class AuditBudget:
     chosen: int = 0  # stops chosen for audit, finished or not (a run's first stop is one)
     in_flight: int = 0  # chosen audits whose group has not ended yet
     finished: int = 0  # groups observed, of every outcome
+    charged: int = 0  # step-tokens other audits (trajectory stops) spent, charged to this budget
+    reserved: float = 0.0  # what the other audits still running are expected to cost, set by their owner
 
     def want_audit(self) -> bool:
         """Called when the gate stops a group: run this one on in shadow?"""
@@ -54,15 +72,29 @@ class AuditBudget:
         # this audit's own expected cost counts too: checking only what is already spent or
         # reserved let each new audit take the share over the budget by one audit's worth (two
         # audits of the stalled gate took 7.3% of a run's step-tokens against a 5% budget)
-        return self.audit_spent + (self.in_flight + 1) * self.expected_cost() <= self.budget * self.spent
+        return self.room_for(self.expected_cost())
+
+    def room_for(self, cost: float) -> bool:
+        """Whether an audit expected to cost ``cost`` step-tokens fits: what audits spent (the group
+        audits' and what other audits were charged), what the audits still running reserve and
+        ``cost`` stay within ``budget`` of all step-tokens spent. A budget of 1 fits every audit,
+        one of 0 none."""
+        if self.budget <= 0:
+            return False
+        if self.budget >= 1.0:
+            return True
+        groups = self.in_flight * self.expected_cost() if self.in_flight else 0.0
+        committed = self.audit_spent + self.charged + groups + self.reserved
+        return committed + cost <= self.budget * self.spent
+
+    def charge(self, tokens: int) -> None:
+        """Another audit drawing on this budget spent ``tokens`` step-tokens (accounted when its
+        group ended, after ``observe`` counted the group's spending)."""
+        self.charged += tokens
 
     def expected_cost(self) -> float:
         """What an audit in flight is expected to cost in step-tokens (see the module doc)."""
-        if self.audited:
-            return self.audit_spent / self.audited
-        if self.finished:
-            return self.spent / self.finished
-        return float("inf")
+        return mean_cost((self.audit_spent, self.audited), (self.spent, self.finished))
 
     def decided(self, audit: bool) -> None:
         self.chosen += audit

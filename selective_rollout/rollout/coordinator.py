@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
+from selective_rollout.config.trajectory_stop import TrajectoryStopConfig
 from selective_rollout.models import model_here
 from selective_rollout.records import GroupRecord, Task
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
@@ -164,7 +165,8 @@ class CoordinatorActor:
 
 
 def evaluation_config(cfg: RunConfig) -> RunConfig:
-    """The run's config turned into held-out evaluation: no gate, no filter, every task once,
+    """The run's config turned into held-out evaluation: no gate, no filter, no trajectory stop (a
+    stopped trajectory's reward is a prediction, not a measured success), every task once,
     ``eval.max_in_flight`` tasks at a time (one by default, so that the engine decodes a greedy
     episode alone and the same weights always score the same)."""
     ec = cfg.eval
@@ -180,7 +182,8 @@ def evaluation_config(cfg: RunConfig) -> RunConfig:
         }
     )
     engine = cfg.engine.model_copy(update={"temperature": 0.0} if ec.greedy else {})
-    return cfg.model_copy(update={"rollout": rollout, "engine": engine})
+    update = {"rollout": rollout, "engine": engine, "trajectory_stop": TrajectoryStopConfig()}
+    return cfg.model_copy(update=update)
 
 
 def create_coordinator(

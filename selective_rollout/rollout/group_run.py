@@ -6,6 +6,13 @@ the gate when its schedule says so (in ``at_k`` mode: once every live trajectory
 ended ones END-padded), exactly as the integrations' ``LiveGroup`` does. What follows is the
 group's lifecycle (rollout/lifecycle.py): a stop cuts the group, an audited stop lets it run on in
 shadow, and the state it ends in settles its record and whether the learner gets it.
+
+Before the watch hears of a step, the run's trajectory stop rule (selective_rollout.trajectory_stop)
+is asked about the trajectory that took it, while the gate has not fired on the group: a rule that
+judges the trajectory decided either ends it now with the assigned reward (status STOPPED; the
+watch then hears that it ended) or, when its audit budget picks it, lets it run on in shadow with
+the stop on its record. A group the gate stopped is left alone: a cut one is over, and an audited
+one must run whole to say whether the gate was right.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from selective_rollout.records import (
     Step,
     Trajectory,
     TrajectoryStatus,
+    TrajectoryStop,
 )
 from selective_rollout.rollout.lifecycle import GroupLifecycle, Verdict
+from selective_rollout.trajectory_stop import NoStop, TrajectoryRule, TrajectoryView
+from selective_rollout.trajectory_stop.audit import StopAudits
 
 if TYPE_CHECKING:
     from selective_rollout.rollout.dialogue import Conversation
@@ -44,9 +54,10 @@ class TrajectoryRun:
     steps: list[Step] = field(default_factory=list)
     status: TrajectoryStatus | None = None  # None while live
     won: bool = False
-    reward: float = 0.0  # the environment's reward rule on the last state, once it ended
+    reward: float = 0.0  # the environment's reward rule on the last state once it ended; or assigned
     request_id: str | None = None  # the engine request in flight, if any
     admissible: list[str] = field(default_factory=list)
+    stop: TrajectoryStop | None = None  # the trajectory stop rule's verdict, once it fired
 
     @property
     def live(self) -> bool:
@@ -59,7 +70,9 @@ class TrajectoryRun:
     def record(self, status: TrajectoryStatus | None = None) -> Trajectory:
         status = status or self.status or TrajectoryStatus.CUT
         reward = None if status in (TrajectoryStatus.CUT, TrajectoryStatus.FAILED) else self.reward
-        return Trajectory(self.index, list(self.steps), reward=reward, won=self.won, status=status)
+        return Trajectory(
+            self.index, list(self.steps), reward=reward, won=self.won, status=status, stop=self.stop
+        )
 
 
 class GroupRun:
@@ -73,9 +86,13 @@ class GroupRun:
         g: int,
         gate: Gate,
         audits: AuditBudget | None = None,
+        rule: TrajectoryRule | None = None,
+        stop_audits: StopAudits | None = None,
     ) -> None:
         self.group_id, self.task_id, self.task_type = group_id, task_id, task_type
         self._audits = audits  # asked, when the gate fires, whether to run on in shadow
+        self._rule = rule or NoStop()  # the run's trajectory stop rule
+        self._stop_audits = stop_audits  # asked, when the rule fires, whether to run on in shadow
         self.watch = GateWatch(gate, g, describe=True, task_id=task_id, task_type=task_type)
         self.trajectories: list[TrajectoryRun] = []
         self.life = GroupLifecycle()
@@ -99,8 +116,9 @@ class GroupRun:
         return self.watch.decision
 
     def after_step(self, traj: TrajectoryRun) -> None:
-        """Hand the trajectory's newest action to the gate's watch; a stop cuts the group unless
-        the audit budget runs it on in shadow."""
+        """Ask the trajectory stop rule about the trajectory's newest step, then hand the action to
+        the gate's watch; a gate stop cuts the group unless the audit budget runs it on in shadow."""
+        self._ask_rule(traj)
         fired = self.watch.act(traj.index, traj.steps[-1].action, ended=not traj.live)
         if self._gate_moved is not None:
             self._gate_moved.set()
@@ -113,6 +131,34 @@ class GroupRun:
             self.life.audit_decided(audit)
         elif not any(t.live for t in self.trajectories):
             self.life.trajectories_ended()
+
+    def _ask_rule(self, traj: TrajectoryRun) -> None:
+        """Called once per step of each trajectory, so a trajectory is asked at most once per step;
+        one that ended, or whose stop is being audited, is not asked again."""
+        step = len(traj.steps)
+        if not traj.live or traj.stop is not None or self.watch.fired or not self._rule.due(step):
+            return
+        reward = self._rule.decide(self._view(traj.index, step))
+        if reward is None:
+            return
+        audit = self._stop_audits is not None and self._stop_audits.want_audit()
+        if self._stop_audits is not None:
+            self._stop_audits.decided(audit)
+        traj.stop = TrajectoryStop(step, reward, self._rule.name, audited=audit)
+        if not audit:
+            traj.status, traj.reward = TrajectoryStatus.STOPPED, reward
+
+    def _view(self, index: int, step: int) -> TrajectoryView:
+        """The group as it stands now, for the rule's question about trajectory ``index``."""
+        trajectories = self.trajectories
+        return TrajectoryView(
+            index=index,
+            step=step,
+            actions=[t.actions for t in trajectories],
+            won=[t.won for t in trajectories],
+            ended=[not t.live for t in trajectories],
+            g=len(trajectories),
+        )
 
     def settle(self, keep: Callable[[bool], bool]) -> Verdict:
         """The group's verdict (``GroupLifecycle.settle``); ``keep`` is the strategy's."""

@@ -3,7 +3,8 @@
 ``GroupScheduler`` admits tasks (a game known to be unplayable and the strategy's pre-rollout skips
 are logged as SKIPPED), starts up to ``in_flight`` groups at once, retries a group once when a
 worker died under it, tops the batch up with new tasks (``refill``), settles each group through
-its lifecycle, logs it and lets the gate, the audit budget and the strategy learn from it. How
+its lifecycle, logs it and lets the gate, the audit budget and the strategy learn from it. The
+run's trajectory stop rule and its audits are built here once and handed to every group. How
 one group is played is the subclass's ``play``; the per-turn machinery is a ``Turns`` it composes.
 """
 
@@ -26,6 +27,8 @@ from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Task, r
 from selective_rollout.rollout.group_run import GroupRun
 from selective_rollout.rollout.source import RolloutBatch, RolloutSource
 from selective_rollout.rollout.turns import BadGame, EngineHandle, EngineSlots, GroupFailed, Turns
+from selective_rollout.trajectory_stop.audit import StopAudits
+from selective_rollout.trajectory_stop.metrics import stop_metrics
 
 if TYPE_CHECKING:
     from selective_rollout.envs.base import EnvPool
@@ -66,6 +69,10 @@ class GroupScheduler(RolloutSource):
             for record in read_groups(Path(path).expanduser()):
                 self.gate.observe(record)
         self.audits = AuditBudget(self.rc.audit_budget, self.rc.audit_target_precision)
+        # independent of the gate: asked in every group the gate has not stopped; its audits draw
+        # on the gate's budget
+        self.trajectory_rule = cfg.trajectory_stop.build()
+        self.stop_audits = StopAudits(self.audits, cfg.trajectory_stop.audit_target)
         self._group_seq = 0
         self._active: set[asyncio.Task] = set()  # group tasks in flight, cancelled by close()
         self._bad_games: dict[str, str] = {}  # task id -> why its game cannot be played
@@ -169,6 +176,7 @@ class GroupScheduler(RolloutSource):
         self.strategy.observe(task.task_id, verdict.zero_variance)
         record = group.to_record(iteration, verdict)
         self.audits.observe(record, audit_chosen=group.life.audit_chosen)
+        self.stop_audits.observe(record)
         self.gate.observe(record)  # a gate with memory (history, audits) learns here
         if self.writer is not None:
             self.writer.write(record)
@@ -176,7 +184,16 @@ class GroupScheduler(RolloutSource):
 
     def _new_group(self, task: Task, iteration: int) -> GroupRun:
         group_id = self._next_group_id(iteration)
-        group = GroupRun(group_id, task.task_id, task.task_type, self.rc.group_size, self.gate, self.audits)
+        group = GroupRun(
+            group_id,
+            task.task_id,
+            task.task_type,
+            self.rc.group_size,
+            self.gate,
+            self.audits,
+            self.trajectory_rule,
+            self.stop_audits,
+        )
         group.engine_index = self.turns.slots.pick()
         group.sample_key = f"{self.cfg.seed}:{iteration}:{task.task_id}"
         return group
@@ -248,6 +265,8 @@ class GroupScheduler(RolloutSource):
             "system/env_steps_per_s": steps / wall if wall > 0 else 0.0,
         }
         metrics.update({f"gate/state/{key}": float(value) for key, value in self.gate.metrics().items()})
+        if self.cfg.trajectory_stop.name != "none":
+            metrics.update(stop_metrics(records, self.rc.max_steps))
         if audited:
             metrics["gate/audit_n"] = float(len(audited))
             metrics["gate/audit_precision"] = sum(bool(r.zero_variance) for r in audited) / len(audited)

@@ -128,3 +128,17 @@ def test_clopper_pearson_contains_the_estimate(hits: int, n: int) -> None:
 def test_clopper_pearson_rejects_impossible_counts() -> None:
     with pytest.raises(ValueError):
         clopper_pearson(3, 2)
+
+
+def test_other_audits_spending_and_reservations_count_against_the_budget() -> None:
+    audits = AuditBudget(budget=0.05)
+    _spend(audits, 40)  # 4,000 tokens: 200 may go to audits; a group costs 100
+    audits.decided(audits.want_audit())  # the run's first stop, still running: 100 reserved
+    assert audits.want_audit()  # a second one just fits: 100 + 100 <= 200
+    assert audits.room_for(100) and not audits.room_for(101)
+    audits.reserved = 1.0  # another audit still running (a trajectory stop's) reserves its cost
+    assert not audits.want_audit()
+    audits.reserved = 0.0
+    audits.charge(1)  # what it spent, once its group ended
+    assert not audits.want_audit()
+    assert AuditBudget(budget=1.0).room_for(1e12) and not AuditBudget(budget=0.0).room_for(0)

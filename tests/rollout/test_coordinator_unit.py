@@ -14,7 +14,7 @@ import pytest
 
 from selective_rollout.config import load_config
 from selective_rollout.envs.base import TaskError, folder_task
-from selective_rollout.records import Outcome, read_groups
+from selective_rollout.records import Outcome, TrajectoryStatus, read_groups
 from selective_rollout.rollout.coordinator import GroupCoordinator, evaluation_config, rollout_source
 from selective_rollout.rollout.dialogue import Conversation
 from selective_rollout.rollout.engines import Completion, CompletionOutput, SamplingParams
@@ -76,7 +76,7 @@ class ScriptedEngine:
         self.released += session_ids
 
 
-GAMES = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "converge_mixed"]
+GAMES = ["converge_lose", "diverge_mixed", "converge_win", "diverge_lose", "converge_mixed", "early_win"]
 
 
 @dataclass
@@ -178,6 +178,10 @@ SCRIPTS = {
     "diverge_lose": lambda t, s: "quit" if s >= 6 else f"look {t}-{s}",
     # the prefix_edit gate's false stop: alike at K, yet half win
     "converge_mixed": lambda t, s: ("win" if t % 2 == 0 else "quit") if s >= 6 else "go to shelf 1",
+    # a mixed group the gate keeps (D_K = 1): trajectory 0 wins at step 3, 1 at step 7, 2 and 3 quit at 10
+    "early_win": lambda t, s: (
+        "win" if s >= {0: 2, 1: 6}.get(t, 99) else ("quit" if s >= 9 else f"go to {t}-{s}")
+    ),
 }
 
 
@@ -652,3 +656,92 @@ def test_no_replacement_within_the_timeout_is_one_clear_error():
         RuntimeError, match=r"none was replaced within 0 s \(rollout\.engine_replace_timeout_s\)"
     ):
         co.run(["diverge_mixed"])
+
+
+OUTLIVED = ["trajectory_stop.name=outlived", "trajectory_stop.min_step=3", "rollout.groups_per_iteration=1"]
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "concurrent"])
+def test_outlived_stops_the_wanderers_of_a_kept_group_once_a_sibling_has_won(tmp_path, mode):
+    """Trajectory 0 wins at step 3 of a group the gate kept at step 2: the rule ends the other three
+    at once with reward 0 (status stopped, the steps they took and no more), the group trains on
+    those rewards, and the log and the metrics say so."""
+    gated = ["rollout.strategy=selective", "gate.k=2", f"rollout.mode={mode}"]
+    co = Coordinated([*OUTLIVED, *gated], run_dir=tmp_path)
+    batch = co.run(["early_win"])
+    (record,) = batch.groups
+    assert record.outcome is Outcome.COMPLETED and (record.gate.step, record.gate.stop) == (2, False)
+    winner, *stopped = record.trajectories
+    assert winner.status is TrajectoryStatus.FINISHED and winner.reward == 1.0 and winner.stop is None
+    for t in stopped:
+        assert t.status is TrajectoryStatus.STOPPED and t.reward == 0.0 and not t.won
+        assert t.stop.rule == "outlived" and t.stop.assigned == 0.0 and not t.stop.audited
+        assert len(t.steps) == t.stop.step
+        # in lock-step the winner's step 3 comes first in its round; at their own pace the others may
+        # be a step or two further when the winner's third step lands
+        assert t.stop.step == 3 if mode == "lockstep" else 3 <= t.stop.step <= 5
+    assert list(read_groups(tmp_path / "rollouts.jsonl")) == [record]
+    rewards = {e.trajectory: e.reward for e in batch.experiences}
+    assert rewards == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}  # the stopped ones train with the assigned reward
+    policy = {e.trajectory: sum(e.loss_mask) for e in batch.experiences}
+    assert all(policy[t.index] == 2 * len(t.steps) for t in record.trajectories)  # the tokens they made
+    assert not co.engine.in_flight and co.pool.open == set()
+    cap = co.c.rc.max_steps
+    assert batch.metrics["trajectory_stop/stopped"] == 3 and batch.metrics["trajectory_stop/audited"] == 0
+    assert batch.metrics["trajectory_stop/step_tokens_saved_est"] == sum(
+        (cap - t.stop.step) * t.steps[-1].step_tokens for t in stopped
+    )
+    assert "trajectory_stop/label_precision" not in batch.metrics
+
+
+def test_audited_trajectory_stops_run_on_and_record_their_labels(tmp_path):
+    """With the whole budget every stop is audited: the trajectories play to their end, their true
+    rewards are the record's, and each stop's label is measured (trajectory 1 wins later: wrong)."""
+    co = Coordinated([*OUTLIVED, "rollout.strategy=none", "rollout.audit_budget=1.0"], run_dir=tmp_path)
+    batch = co.run(["early_win"])
+    (record,) = list(read_groups(tmp_path / "rollouts.jsonl"))
+    assert record.outcome is Outcome.COMPLETED
+    assert [t.reward for t in record.trajectories] == [1.0, 1.0, 0.0, 0.0]
+    assert [len(t.steps) for t in record.trajectories] == [3, 7, 10, 10]
+    assert [t.status for t in record.trajectories] == [TrajectoryStatus.FINISHED] * 4
+    assert all(t.stop.audited and t.stop.assigned == 0.0 for t in record.trajectories[1:])
+    assert [t.label_right for t in record.trajectories] == [None, False, True, True]
+    assert batch.metrics["trajectory_stop/audited"] == 3 and batch.metrics["trajectory_stop/stopped"] == 0
+    assert batch.metrics["trajectory_stop/label_precision"] == pytest.approx(2 / 3)
+    assert {e.reward for e in batch.experiences if e.trajectory == 1} == {1.0}  # trained on its true reward
+    audits = co.c.stop_audits
+    assert (audits.audited, audits.right, audits.in_flight) == (3, 2, 0)
+    after_stop = sum(sum(t.step_tokens[t.stop.step :]) for t in record.trajectories[1:])
+    assert audits.audit_spent == after_stop and co.c.audits.charged == after_stop  # paid from the one budget
+
+
+def test_a_small_budget_audits_the_first_trajectory_stop_and_stops_the_rest():
+    """The run's first stop is audited; before any trajectory has finished the budget cannot price
+    another audit, so the group's other stops end their trajectories."""
+    co = Coordinated(
+        [*OUTLIVED, "rollout.strategy=none", "rollout.mode=lockstep", "rollout.audit_budget=0.05"]
+    )
+    (record,) = co.run(["early_win"]).groups
+    assert [t.status for t in record.trajectories] == [
+        TrajectoryStatus.FINISHED,
+        TrajectoryStatus.FINISHED,  # audited: ran on, and won at step 7
+        TrajectoryStatus.STOPPED,
+        TrajectoryStatus.STOPPED,
+    ]
+    assert record.trajectories[1].stop.audited and record.trajectories[1].label_right is False
+    assert [t.reward for t in record.trajectories] == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_no_rule_leaves_every_trajectory_running_and_reports_no_stop_metrics():
+    co = Coordinated(["rollout.strategy=none", "rollout.groups_per_iteration=1"])
+    batch = co.run(["early_win"])
+    assert [len(t.steps) for t in batch.groups[0].trajectories] == [3, 7, 10, 10]
+    assert all(t.stop is None for t in batch.groups[0].trajectories)
+    assert not any(key.startswith("trajectory_stop/") for key in batch.metrics)
+
+
+def test_the_held_out_evaluation_never_stops_a_trajectory():
+    co = Coordinated([*OUTLIVED, "eval.tries=4", "eval.num_tasks=1"], evaluation=True)
+    (record,) = co.run(["early_win"], iteration=-1).groups
+    assert co.c.cfg.trajectory_stop.name == "none"
+    assert [len(t.steps) for t in record.trajectories] == [3, 7, 10, 10]
