@@ -17,7 +17,7 @@ import pytest
 from selective_rollout.config import load_config
 from selective_rollout.envs.alfworld import game_task
 from selective_rollout.envs.base import folder_task
-from selective_rollout.records import Outcome, read_groups
+from selective_rollout.records import Outcome, TrajectoryStatus, TrajectoryStop, read_groups
 from selective_rollout.rollout.coordinator import create_coordinator
 from selective_rollout.rollout.engines import create_engines
 
@@ -235,3 +235,55 @@ def test_bad_game_is_reported_by_path_and_skipped_in_training_and_evaluation(
     summary = success_summary(held_out)
     assert summary["tasks"] == 1 and list(summary["failed"]) == ["broken-task"]
     assert "ParseError" in summary["failed"]["broken-task"]
+
+
+def test_a_trajectory_stop_inside_a_kept_group_and_its_audited_label(engine, smollm2_path, tasks, tmp_path):
+    """``looping`` over a window of 2 actions with up to 2 distinct ones judges every trajectory
+    still running at step 2 decided, whatever the untrained model plays, so the rule fires on each
+    of them there. The gate looks at step 2 and keeps the group (tau 0). With a budget between 0 and
+    1 the run's first stop is audited (it plays on, and its label is measured) while the budget can
+    price no second audit before anything has finished, so the group's other stops end their
+    trajectories at step 2 with reward 0 (a budget of 1 would audit every stop and stop none)."""
+    batch, env = rollout(
+        engine,
+        smollm2_path,
+        tasks[:1],
+        tmp_path,
+        [
+            "engine.temperature=1.0",
+            "rollout.strategy=selective",
+            "gate.tau=0.0",
+            "rollout.groups_per_iteration=1",
+            "rollout.audit_budget=0.5",
+            "trajectory_stop.name=looping",
+            "trajectory_stop.window=2",
+            "trajectory_stop.max_distinct=2",
+            "trajectory_stop.min_step=2",
+        ],
+    )
+    (record,) = batch.groups
+    assert record.outcome is Outcome.COMPLETED and (record.gate.step, record.gate.stop) == (2, False)
+    assert list(read_groups(tmp_path / "rollouts.jsonl")) == [record]
+    asked = [t for t in record.trajectories if t.stop is not None]
+    assert asked == [t for t in record.trajectories if len(t.steps) > 2 or t.stop is not None]
+    (audited,) = [t for t in asked if t.stop.audited]
+    stopped = [t for t in asked if not t.stop.audited]
+    assert stopped, "every trajectory but the audited one ended before step 2"
+    for t in stopped:
+        assert t.status is TrajectoryStatus.STOPPED and t.reward == 0.0 and len(t.steps) == 2
+        assert t.stop == TrajectoryStop(2, 0.0, "looping")
+    # the audited one ran on to its end; its true reward says whether the label was right
+    assert audited.stop.step == 2 and audited.status in (
+        TrajectoryStatus.FINISHED,
+        TrajectoryStatus.TRUNCATED,
+    )
+    assert audited.won or len(audited.steps) == 6
+    assert audited.label_right is (audited.reward == 0.0)
+    assert batch.metrics["trajectory_stop/stopped"] == len(stopped)
+    assert batch.metrics["trajectory_stop/audited"] == 1
+    assert batch.metrics["trajectory_stop/label_precision"] == float(audited.label_right)
+    # the learner gets every trajectory, the stopped ones with their assigned reward and own tokens
+    rewards = {e.trajectory: e.reward for e in batch.experiences}
+    assert rewards == {t.index: t.reward for t in record.trajectories}
+    assert all(sum(e.loss_mask) > 0 for e in batch.experiences)
+    assert env["env/episodes_open"] == 0
