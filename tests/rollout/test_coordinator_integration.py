@@ -244,23 +244,15 @@ def test_a_trajectory_stop_inside_a_kept_group_and_its_audited_label(engine, smo
     1 the run's first stop is audited (it plays on, and its label is measured) while the budget can
     price no second audit before anything has finished, so the group's other stops end their
     trajectories at step 2 with reward 0 (a budget of 1 would audit every stop and stop none)."""
-    batch, env = rollout(
-        engine,
-        smollm2_path,
-        tasks[:1],
-        tmp_path,
-        [
-            "engine.temperature=1.0",
-            "rollout.strategy=selective",
-            "gate.tau=0.0",
-            "rollout.groups_per_iteration=1",
-            "rollout.audit_budget=0.5",
-            "trajectory_stop.name=looping",
-            "trajectory_stop.window=2",
-            "trajectory_stop.max_distinct=2",
-            "trajectory_stop.min_step=2",
-        ],
-    )
+    kept = [
+        "engine.temperature=1.0",
+        "rollout.strategy=selective",
+        "gate.tau=0.0",
+        "rollout.groups_per_iteration=1",
+    ]
+    looping = ["name=looping", "window=2", "max_distinct=2", "min_step=2"]
+    overrides = [*kept, "rollout.audit_budget=0.5", *(f"trajectory_stop.{o}" for o in looping)]
+    batch, env = rollout(engine, smollm2_path, tasks[:1], tmp_path, overrides)
     (record,) = batch.groups
     assert record.outcome is Outcome.COMPLETED and (record.gate.step, record.gate.stop) == (2, False)
     assert list(read_groups(tmp_path / "rollouts.jsonl")) == [record]
