@@ -28,6 +28,8 @@ FLOORS = {
     "process_memory": 1,
     "gate": 1,
     "gate.offline": 2,  # the tools over logs import the run-time gates, never the reverse
+    "trajectory_stop": 1,
+    "trajectory_stop.offline": 2,  # replays logs with gate.offline's tools
     "envs": 1,
     "config": 1,
     "weight_sync": 1,

@@ -161,6 +161,7 @@ class Calibration(ABC):
     workdir: Path = Path(".")  # where a gate may write what it fits (a learned model)
     tag: str = "fit"  # names those files (one per fold and target)
     online: tuple[int, int] | None = None  # a gate that can choose its step online does, in first..last
+    prior: int | None = None  # online: start at this step instead of the one fitted on the fit part
 
     @abstractmethod
     def score(self, gate: Gate, groups: Sequence[GroupRecord]) -> dict[str, float]:

@@ -133,12 +133,16 @@ class StalledGate(Gate):
         shares = sorted({i / g.g for g in fit for i in range(g.g + 1)})
         # a schedule of later steps (--steps) fixes K: the later steps must stay after it
         steps = [first] if cal.shared.get("steps") else range(first, max(first, longest - 1) + 1)
-        grid = [{"k": k, "max_finished_frac": t} for k in steps for t in shares]
-        best = best_params(cls.name, [{"max_finished_frac": -1.0}, *grid], fit, cal)[0]
-        if cal.online is None or cal.shared.get("steps"):
+        online = cal.online is not None and not cal.shared.get("steps")
+        if online and cal.prior is not None:  # a given prior: nothing is fitted
+            best = {"k": cal.prior, "max_finished_frac": 0.0}
+        else:
+            grid = [{"k": k, "max_finished_frac": t} for k in steps for t in shares]
+            best = best_params(cls.name, [{"max_finished_frac": -1.0}, *grid], fit, cal)[0]
+        if not online:
             return best
         # online: the fitted step is the prior; where none was precise enough, the latest step is
-        first, last = cal.online
+        first, last = cal.online  # type: ignore[misc]
         if best["max_finished_frac"] < 0:
             best = {"k": last, "max_finished_frac": 0.0}
         k = best["k"]

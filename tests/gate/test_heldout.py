@@ -191,3 +191,12 @@ def test_online_variants_take_the_calibrated_step_as_prior_and_a_composed_gate_l
     assert member["k"] == 8 and member["online"] == [4, 9]
     row = table([composed], horizon=10)[2]
     assert "members=[stalled@8 max_finished_frac=0 online, prefix_edit@4 tau=" in row
+
+
+def test_an_online_variant_from_a_given_prior_fits_nothing_and_starts_knowing_nothing() -> None:
+    parts = [(late_winners("fit"), late_winners("ev"))]
+    (result, _) = run(parts, [GateSpec("stalled", 4, online=(4, 9), prior=6)], [0.9], k=4, resamples=50)
+    assert result.spec.label == "stalled~online from 6"
+    # step 6 (the prior) cuts the late winners too: 6 of 9 right; 9 groups are too few to move it
+    assert result.params[0]["k"] == 6 and result.params[0]["steps_at_end"] == [6]
+    assert result.summary["stops"] == 9 and result.summary["precision"] == pytest.approx(6 / 9)

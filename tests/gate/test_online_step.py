@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from selective_rollout.gate import build_gate
-from selective_rollout.records import Outcome
+from selective_rollout.records import GateRecord, Outcome
 from tests.gate.synthetic import group
 
 LONG = [f"a{s}" for s in range(10)]
@@ -64,3 +64,23 @@ def test_the_online_range_must_hold_k_and_a_single_step() -> None:
     with pytest.raises(ValueError, match="one step"):
         build_gate("stalled", k=6, online=[4, 9], steps=[8])
     assert build_gate("stalled", k=6).online is None
+
+
+def test_cut_groups_count_at_earlier_steps_with_the_audited_share_standing_for_their_class() -> None:
+    """The step in force is 8 and its stops are right. The uncut groups include late winners
+    (won at 7: uncut at 8, stalled at 4-6), so counting labelled groups alone an earlier step
+    looks imprecise (50 right of 56); the cut groups, stalled at 4-6 too and as right as their
+    audits, are counted there as well and move the step to 4."""
+    gate = build_gate("stalled", k=8, online=[4, 9])
+    cut_at_8 = GateRecord(8, True, "stalled")
+    for i in range(350):
+        record = _fail(i)
+        if i % 7:  # cut at 8, not audited: no rewards, trajectories end at the cut
+            cut = [replace(t, reward=None, steps=t.steps[:8]) for t in record.trajectories]
+            gate.observe(replace(record, outcome=Outcome.CUT, trajectories=cut, gate=cut_at_8))
+        else:  # audited: ran on, all failed
+            gate.observe(replace(record, outcome=Outcome.AUDITED, gate=cut_at_8))
+    for i in range(6):
+        gate.observe(_late(i, winner_at=7))
+    assert gate.online.audited == 50 and gate.online.unlabelled[4] == 300 and gate.online.cut[4] == 56
+    assert gate.decision_steps == [4]

@@ -2,7 +2,7 @@
 
     python -m selective_rollout.gate.offline.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
         [--steps 6,8] [--targets 0.9,0.8] [--gates prefix_edit,learned,history,precision_target] \\
-        [--online stalled,any] [--horizon T] --out DIR
+        [--online stalled,any [--online-prior 11]] [--horizon T] --out DIR
     python -m selective_rollout.gate.offline.heldout --fit A.jsonl [...] --eval B.jsonl [...] --k 4 --out DIR
 
 The fit and evaluation parts never share a group: either the given files (``--fit`` / ``--eval``,
@@ -16,7 +16,9 @@ that saves the most while its precision there stays >= the target (the loosest s
 ``learned`` fits its model (gate/offline/fit.py), ``history`` its thresholds, ``precision_target`` is
 given the target (its tau comes online), ``stalled`` its step (K or later) and share, ``any`` each
 member alone (stricter while their union falls short). ``--online`` adds variants that take the
-calibrated step as a prior and choose it online from the groups they observe (``gate.online``). The
+calibrated step as a prior and choose it online from the groups they observe (``gate.online``);
+``--online-prior K`` adds them once more starting from step K and knowing nothing of the fit part,
+as a new run with a shipped step does. The
 calibrated gate then observes the fit part's groups (a gate with memory starts the evaluation
 knowing them) and is replayed over the evaluation part in log order as a run would meet it
 (gate/offline/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
@@ -81,11 +83,13 @@ class GateSpec:
     k: int
     steps: tuple[int, ...] = ()
     online: tuple[int, int] | None = None  # the step chosen online in first..last (label ~online)
+    prior: int | None = None  # online from this step, knowing nothing of the fit part (a new run)
 
     @property
     def label(self) -> str:
         at = f"@{','.join(map(str, (self.k, *self.steps)))}" if self.steps else ""
-        return self.name + at + ("~online" if self.online else "")
+        online = "" if not self.online else "~online" + (f" from {self.prior}" if self.prior else "")
+        return self.name + at + online
 
     @property
     def shared(self) -> dict[str, Any]:
@@ -154,12 +158,13 @@ def evaluate_spec(
             workdir=workdir,
             tag=f"{spec.label}-p{target:g}-fold{i}",
             online=spec.online,
+            prior=spec.prior,
         )
         params = calibrated_params(spec.name, fit, cal)
         # a calibration may set a shared key too (stalled picks its step); the oracle stays at K
         fit_by_part.append(cal.score(build_gate(spec.name, **{**spec.shared, **params}), fit))
         gate = build_gate(spec.name, **{**spec.shared, **params})
-        for record in labelled(fit):  # start the evaluation knowing the fit part, as logged
+        for record in labelled(fit) if spec.prior is None else []:  # start knowing the fit part
             gate.observe(record)
         steps_by_part.append(tuple(gate.decision_steps))
         outcomes += replay(gate, ev, audit_budget, audit_target, spec.k)
@@ -490,6 +495,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "groups they observe, the calibrated step as the prior (gate~online)",
     )
     parser.add_argument(
+        "--online-prior",
+        type=int,
+        help="also evaluate the --online gates from this step (e.g. the profile's), knowing nothing "
+        "of the fit part, as a new run starts (gate~online from K)",
+    )
+    parser.add_argument(
         "--horizon",
         type=int,
         help="the episode cap T (rollout.max_steps) for K/T; default: read from the logs (see above)",
@@ -549,7 +560,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = [GateSpec(n, args.k) for n in names]
         if args.steps:
             specs += [GateSpec(n, args.k, tuple(args.steps)) for n in names]
-        specs += [GateSpec(n, args.k, online=(args.k, horizon - 1)) for n in args.online.split(",") if n]
+        online = [n for n in args.online.split(",") if n]
+        specs += [GateSpec(n, args.k, online=(args.k, horizon - 1)) for n in online]
+        if args.online_prior is not None:
+            if not args.k <= args.online_prior < horizon:
+                raise ValueError(f"--online-prior {args.online_prior} is not within K..T-1")
+            window = (args.k, horizon - 1)
+            specs += [GateSpec(n, args.k, online=window, prior=args.online_prior) for n in online]
         args.out.mkdir(parents=True, exist_ok=True)
         results = run(
             parts,
