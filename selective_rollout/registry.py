@@ -31,10 +31,39 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
+
+
+def _bounds(info: FieldInfo) -> str:
+    """A numeric field's range in words ("in [0.0, 1.0]", ">= 1"), from its Field constraints."""
+    ge = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
+    le = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
+    if ge is not None and le is not None:
+        return f"in [{ge}, {le}]"
+    return f">= {ge}" if ge is not None else f"<= {le}"
+
+
+def params_error(kind: str, name: str, model: type[BaseModel], err: ValidationError) -> ValueError:
+    """One line naming each bad parameter of entry ``name`` of ``kind`` (a gate, a trajectory stop
+    rule), worded for a person building one in code (the run config reports the same errors
+    through its own key-naming formatter)."""
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if not e["loc"]:  # a check across parameters (e.g. steps against k), or a model file's
+            parts.append(f"{kind} {name!r}: {str(e['msg']).removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
+            known = ", ".join(model.model_fields)
+            parts.append(f"{kind} {name!r} has no parameter {key!r} (it has: {known})")
+        elif e["type"] in ("greater_than_equal", "less_than_equal") and key in model.model_fields:
+            parts.append(f"{kind} {key} must be {_bounds(model.model_fields[key])}, got {e['input']!r}")
+        else:
+            parts.append(f"{kind} {key}: {e['msg']}, got {e['input']!r}")
+    return ValueError("; ".join(parts))
 
 
 def load(target: str) -> Any:

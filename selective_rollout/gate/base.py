@@ -24,6 +24,7 @@ from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.plugins import GATES
 from selective_rollout.records import GroupRecord, rewards_equal
+from selective_rollout.registry import params_error
 
 Mode = Literal["at_k", "from_k"]
 
@@ -122,32 +123,6 @@ def build_gate(name: str, **params: Any) -> Gate:
     return gate_class(name)(**params)
 
 
-def _bounds(info: FieldInfo) -> str:
-    """A numeric field's range in words ("in [0.0, 1.0]", ">= 1"), from its Field constraints."""
-    ge = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
-    le = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
-    if ge is not None and le is not None:
-        return f"in [{ge}, {le}]"
-    return f">= {ge}" if ge is not None else f"<= {le}"
-
-
-def _params_error(gate: str, model: type[GateParams], err: ValidationError) -> ValueError:
-    """One line naming each bad parameter, worded for a person building a gate in code (the run config
-    reports the same errors through its own key-naming formatter)."""
-    parts = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if not e["loc"]:  # a check across parameters (e.g. steps against k), or a model file's
-            parts.append(f"gate {gate!r}: {str(e['msg']).removeprefix('Value error, ')}")
-        elif e["type"] == "extra_forbidden":
-            parts.append(f"gate {gate!r} has no parameter {key!r} (it has: {', '.join(model.model_fields)})")
-        elif e["type"] in ("greater_than_equal", "less_than_equal") and key in model.model_fields:
-            parts.append(f"gate {key} must be {_bounds(model.model_fields[key])}, got {e['input']!r}")
-        else:
-            parts.append(f"gate {key}: {e['msg']}, got {e['input']!r}")
-    return ValueError("; ".join(parts))
-
-
 @dataclass
 class Calibration(ABC):
     """How a gate is calibrated on the fit part of a log: the target, the shared keys, and
@@ -189,7 +164,7 @@ class Gate:
         try:
             self.params = self.Params.model_validate(params.model_dump() if params is not None else values)
         except ValidationError as exc:
-            raise _params_error(self.name, self.Params, exc) from None
+            raise params_error("gate", self.name, self.Params, exc) from None
 
     @classmethod
     def own_params(cls) -> dict[str, FieldInfo]:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from selective_rollout.gate.base import _params_error
+from selective_rollout.registry import params_error
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,6 @@ def check_rule(name: str, cls: type[TrajectoryRule]) -> None:
         raise TypeError(f"trajectory stop {name!r}: a parameter cannot be called 'name' (the rule's name)")
 
 
-def _rule_error(rule: str, model: type[TrajectoryStopParams], err: ValidationError) -> ValueError:
-    """The gate library's one-line parameter error, worded for a trajectory stop rule."""
-    parts = str(_params_error(rule, model, err)).split("; ")  # type: ignore[arg-type]
-    return ValueError("; ".join(f"trajectory stop {part.removeprefix('gate ')}" for part in parts))
-
-
 class TrajectoryRule:
     """Interface: whether one trajectory of a running group is already decided.
 
@@ -103,7 +97,8 @@ class TrajectoryRule:
         try:
             self.params = self.Params.model_validate(given)
         except ValidationError as exc:
-            raise _rule_error(self.name or type(self).__name__, self.Params, exc) from None
+            name = self.name or type(self).__name__
+            raise params_error("trajectory stop", name, self.Params, exc) from None
 
     def due(self, step: int) -> bool:
         """Whether a trajectory that has taken ``step`` actions may be asked about."""
