@@ -78,6 +78,8 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
     spent = sum(g.step_tokens for g in train)
     hits = sum(bool(g.zero_variance) for g in audited)
     saved, basis = saving_estimate(train)
+    stops = [t for g in train for t in g.trajectories if t.stop is not None]
+    labels = [t.label_right for t in stops if t.label_right is not None]
     return {
         "groups": len(train),
         "outcomes": outcomes,
@@ -99,6 +101,12 @@ def rollout_summary(groups: Sequence[GroupRecord]) -> dict[str, Any]:
             "all-fail": sum(g.reward_class == "all-fail" for g in audited),
             "all-succeed": sum(g.reward_class == "all-succeed" for g in audited),
             "informative": sum(g.reward_class == "mixed" for g in audited),
+        },
+        # trajectory stops: ended early with an assigned reward, or run on in shadow (audited)
+        "trajectory_stops": {
+            "stopped": sum(not t.stop.audited for t in stops),  # type: ignore[union-attr]
+            "audited": len(labels),
+            "label_right": sum(labels),
         },
         "step_tokens_saved_est": saved,
         "step_tokens_saved_frac_est": saved / (spent + saved) if spent + saved else 0.0,
@@ -281,6 +289,12 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         if whole
         else "no group ran to the end"
     )
+    ts = summary["trajectory_stops"]
+    stops_row = f"{ts['stopped']} trajectories ended early with an assigned reward; " + (
+        f"{ts['label_right']} of {ts['audited']} audited labels right"
+        if ts["audited"]
+        else "labels not measured (no audit)"
+    )
     prefix = "gate/state/"
     state = {k.removeprefix(prefix): v for m in metrics for k, v in m.items() if k.startswith(prefix)}
     state_row = (
@@ -309,6 +323,7 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         "step-tokens past their gate step) |",
         f"| audited gate precision | {precision} |",
         *([f"| gate's own state | {state_row} |"] if state else []),
+        *([f"| trajectory stops | {stops_row} |"] if ts["stopped"] or ts["audited"] else []),
         f"| rollout step-tokens spent | {_fmt(summary['step_tokens_spent'])} |",
         f"| step-tokens saved by the gate (estimate) | {_fmt(summary['step_tokens_saved_est'])} "
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from selective_rollout.records import GateRecord, GroupRecord, Outcome, Step, Trajectory
+from selective_rollout.records import (
+    GateRecord,
+    GroupRecord,
+    GroupWriter,
+    Outcome,
+    Step,
+    Trajectory,
+    TrajectoryStatus,
+    TrajectoryStop,
+)
 from selective_rollout.reporting.report import (
     peak_memory,
     regime_summary,
@@ -167,3 +176,24 @@ def test_the_report_shows_the_gates_own_state_at_the_last_iteration(tmp_path: Pa
     assert "| gate's own state | step 9, step_labelled 30 (what the gate set" in report
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "gate/fires": 0.0}) + "\n")
     assert "gate's own state" not in write_report(tmp_path, {"iteration": 1}, regime_k=4).read_text()
+
+
+def test_the_report_counts_trajectory_stops_and_their_audited_labels(tmp_path: Path) -> None:
+    steps = [Step("a", True, 10, 0)] * 3
+    stopped = Trajectory(
+        0, steps, 0.0, status=TrajectoryStatus.STOPPED, stop=TrajectoryStop(3, 0.0, "outlived")
+    )
+    right = Trajectory(1, steps, 0.0, stop=TrajectoryStop(3, 0.0, "outlived", audited=True))
+    wrong = Trajectory(2, steps, 1.0, won=True, stop=TrajectoryStop(3, 0.0, "outlived", audited=True))
+    winner = Trajectory(3, steps, 1.0, won=True)
+    group = GroupRecord("g", "t", "heat", [stopped, right, wrong, winner], Outcome.COMPLETED)
+    assert rollout_summary([group])["trajectory_stops"] == {"stopped": 1, "audited": 2, "label_right": 1}
+    with GroupWriter(tmp_path / "rollouts.jsonl") as w:
+        w.write(group)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 0}) + "\n")
+    report = write_report(tmp_path, {"iteration": 1}, regime_k=2).read_text()
+    assert (
+        "| trajectory stops | 1 trajectories ended early with an assigned reward; "
+        "1 of 2 audited labels right |" in report
+    )
+    assert rollout_summary([HEAT])["trajectory_stops"] == {"stopped": 0, "audited": 0, "label_right": 0}
