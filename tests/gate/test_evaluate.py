@@ -99,3 +99,15 @@ def test_cli_rejects_bad_grid(tmp_path):
         main(["--rollouts", "x", "--out", str(tmp_path), "--tau", "0.1:2:0.5"])
     with pytest.raises(SystemExit):
         main(["--rollouts", "x", "--out", str(tmp_path), "--k", "0"])
+
+
+def test_the_sweep_splits_recall_into_all_fail_and_all_succeed_groups(tmp_path):
+    log = tmp_path / "rollouts.jsonl"
+    write_example(log)
+    out = tmp_path / "eval"
+    assert main(["--rollouts", str(log), "--out", str(out), "--k", "5", "--tau", "0.1:0.1:0.1"]) == 0
+    row = next(r for r in _rows(out) if r["gate"] == "prefix_edit")
+    # the converged groups are stopped: two of the three all-fail ones (the divergent one is
+    # missed) and both all-succeed ones
+    assert float(row["recall_all_fail"]) == pytest.approx(2 / 3)
+    assert float(row["recall_all_succeed"]) == 1.0

@@ -66,6 +66,11 @@ class LabelledGroup:
         """Step-tokens the group spends after step k: what a cut at k saves."""
         return sum(sum(t[k:]) for t in self.step_tokens)
 
+    @property
+    def succeeded(self) -> bool:
+        """A zero-variance group whose one reward is positive (all-succeed, not all-fail)."""
+        return self.zero_variance and self.rewards[0] > 0
+
     def advantage_sq(self) -> float:
         """Squared L2 norm of the group's GRPO advantages, by the trainer's own formula
         (``stats.grpo_advantages``: sample std, the trainer's default eps)."""
@@ -85,6 +90,9 @@ class GateRow:
     tn: int
     precision: float
     recall: float
+    # of the all-fail and all-succeed groups still running after K: a gate cannot cut the others
+    recall_all_fail: float
+    recall_all_succeed: float
     auroc: float
     spearman: float
     tokens_saved_frac: float
@@ -140,6 +148,15 @@ def evaluate_gate(gate: Gate, label: str, tau: float, groups: Sequence[LabelledG
     fp = sum(s and not z for s, z in zip(stops, zero, strict=True))
     fn = sum(z and not s for s, z in zip(stops, zero, strict=True))
     tn = len(groups) - tp - fp - fn
+
+    def class_recall(succeeded: bool) -> float:
+        caught = [
+            s
+            for g, s, z in zip(groups, stops, zero, strict=True)
+            if z and g.succeeded == succeeded and g.live_after(k)
+        ]
+        return sum(caught) / len(caught) if caught else math.nan
+
     scores = [prefix_edit_distance(g.actions, k, g.ended) for g in groups]
     auroc, rho = ranking_quality(scores, [not z for z in zero])
     saved = _savings(groups, stops, k)
@@ -158,6 +175,8 @@ def evaluate_gate(gate: Gate, label: str, tau: float, groups: Sequence[LabelledG
         tn=tn,
         precision=tp / (tp + fp) if tp + fp else math.nan,
         recall=tp / (tp + fn) if tp + fn else math.nan,
+        recall_all_fail=class_recall(False),
+        recall_all_succeed=class_recall(True),
         auroc=auroc,
         spearman=rho,
         tokens_saved_frac=saved,
@@ -333,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if best is not None:
             print(
                 f"K={k}: best prefix_edit at precision>=0.9: tau={best.tau} saves "
-                f"{best.tokens_saved_frac:.1%} ({best.frac_of_oracle:.0%} of oracle)"
+                f"{best.tokens_saved_frac:.1%} ({best.frac_of_oracle:.0%} of oracle); recall of "
+                f"all-fail {best.recall_all_fail:.2f}, all-succeed {best.recall_all_succeed:.2f}"
             )
     return 0
 
