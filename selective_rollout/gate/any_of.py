@@ -44,7 +44,7 @@ def _one_line(err: ValidationError) -> str:
 
 class AnyParams(GateParams):
     members: list[dict[str, Any]] = Field(
-        default_factory=lambda: [{"name": "stalled", "k": 11}, {"name": "prefix_edit", "k": 4}],
+        default_factory=lambda: [{"name": "stalled", "k": 11}, {"name": "prefix_edit", "k": 4, "tau": 0.01}],
         description="the gates composed, each {name: <gate>, <its parameters>}; a group stops when any "
         "member, asked at its own steps, would stop it",
     )
