@@ -14,6 +14,7 @@ from selective_rollout.envs.alfworld import AlfworldSource
 from selective_rollout.envs.base import TaskError
 from selective_rollout.envs.pool import RayEnvPool
 from tests.fixtures.games import alfworld_tasks
+from tests.fixtures.output import own_lines
 
 
 def test_episode_raises_game_error_with_the_parser_message(broken_game):
@@ -23,8 +24,8 @@ def test_episode_raises_game_error_with_the_parser_message(broken_game):
 
 def test_play_cli_prints_one_line_and_no_traceback(broken_game, capsys):
     assert play([str(broken_game), "--commands", "look"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "Traceback" not in err
+    (err,) = own_lines(capsys.readouterr().err)
+    assert "Traceback" not in err
     assert err.startswith(f"error: {broken_game / 'game.tw-pddl'}: ")
 
 

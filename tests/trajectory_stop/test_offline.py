@@ -25,6 +25,7 @@ from selective_rollout.records import GroupWriter, TrajectoryStatus, TrajectoryS
 from selective_rollout.stats import clopper_pearson
 from selective_rollout.trajectory_stop.offline import first_stop, main, stops_in, summarize
 from selective_rollout.trajectory_stop.outlived import OutlivedRule
+from tests.fixtures.output import own_lines
 from tests.gate.synthetic import group
 
 
@@ -148,5 +149,5 @@ def test_groups_holding_an_assigned_reward_are_left_out(tmp_path) -> None:
 def test_a_bad_rule_or_parameter_is_one_error_line(tmp_path, capsys, extra, message) -> None:
     path = _write(tmp_path, _log())
     assert main(["--rollouts", str(path), *extra, "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    (line,) = own_lines(capsys.readouterr().err)
+    assert message in line
