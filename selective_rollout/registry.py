@@ -66,6 +66,24 @@ def params_error(kind: str, name: str, model: type[BaseModel], err: ValidationEr
     return ValueError("; ".join(parts))
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def bind_params(
+    kind: str, name: str, model: type[M], params: BaseModel | None, values: Mapping[str, Any]
+) -> M:
+    """An entry's parameters as its ``model``: ``params`` itself when already one (what ``build``
+    passes), else ``params``' fields or the keyword ``values`` validated by ``model``, a bad one
+    raising ``params_error``'s one line. Gates and trajectory stop rules are built both ways: by
+    their registry from a config section, and in code with keyword arguments."""
+    if isinstance(params, model):
+        return params
+    try:
+        return model.model_validate(params.model_dump() if params is not None else dict(values))
+    except ValidationError as exc:
+        raise params_error(kind, name, model, exc) from None
+
+
 def load(target: str) -> Any:
     """The object a ``"module:attr"`` string names (the module imported now)."""
     if target.count(":") != 1:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
@@ -24,7 +24,7 @@ from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.plugins import GATES
 from selective_rollout.records import GroupRecord, rewards_equal
-from selective_rollout.registry import params_error
+from selective_rollout.registry import bind_params
 
 Mode = Literal["at_k", "from_k"]
 
@@ -158,13 +158,7 @@ class Gate:
 
     def __init__(self, params: GateParams | None = None, **values: Any) -> None:
         """Bound to ``params`` (its ``Params``, as ``GATES.build`` passes) or to keyword values."""
-        if isinstance(params, self.Params):
-            self.params = params
-            return
-        try:
-            self.params = self.Params.model_validate(params.model_dump() if params is not None else values)
-        except ValidationError as exc:
-            raise params_error("gate", self.name, self.Params, exc) from None
+        self.params = bind_params("gate", self.name, self.Params, params, values)
 
     @classmethod
     def own_params(cls) -> dict[str, FieldInfo]:

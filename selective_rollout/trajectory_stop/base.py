@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from selective_rollout.registry import params_error
+from selective_rollout.registry import bind_params
 
 
 @dataclass(frozen=True)
@@ -90,15 +90,8 @@ class TrajectoryRule:
     def __init__(self, params: TrajectoryStopParams | None = None, **values: Any) -> None:
         """Bound to ``params`` (its ``Params``, as ``TRAJECTORY_STOPS.build`` passes) or to keyword
         values, validated by its ``Params`` either way."""
-        if isinstance(params, self.Params):
-            self.params = params
-            return
-        given = params.model_dump() if params is not None else values
-        try:
-            self.params = self.Params.model_validate(given)
-        except ValidationError as exc:
-            name = self.name or type(self).__name__
-            raise params_error("trajectory stop", name, self.Params, exc) from None
+        name = self.name or type(self).__name__
+        self.params = bind_params("trajectory stop", name, self.Params, params, values)
 
     def due(self, step: int) -> bool:
         """Whether a trajectory that has taken ``step`` actions may be asked about."""
