@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.policy_eval import per_task_changes, per_try_changes
-from selective_rollout.reporting.power import change_precision
+from selective_rollout.reporting.power import MAX_SEEDS, change_precision, paired_seeds_needed
 from selective_rollout.stats import bootstrap_ci, cluster_bootstrap_ci
 
 log = logging.getLogger("selective_rollout.experiment")
@@ -62,6 +62,8 @@ METRICS = {
 # Metrics that are themselves signed changes: a difference of them relative to the reference's
 # value divides by a change that may be near zero or negative (+0.125 over -0.083 read "-150%").
 NO_RELATIVE = {"success_gain", "success_gain_ci_low"}
+# What an informative group costs: the gate's saving, measured where it is spent
+COST_METRICS = ("step_tokens_per_informative", "rollout_s_per_informative")
 
 
 class SweepSpec(BaseModel):
@@ -92,6 +94,13 @@ class ExperimentConfig(BaseModel):
     )
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
     bootstrap: int = Field(2000, ge=100)
+    aimed_change: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="the relative change of the cost per informative group the experiment aims to "
+        "detect: the report says how many seeds a CI over seeds excluding 0 would take at it",
+    )
     sweep: SweepSpec | None = SweepSpec()
     gate_memory: dict[str, list[str]] = Field(
         default_factory=dict,
@@ -312,23 +321,28 @@ def pooled_held_out(
     return [r for r in out if r["pairs"]]
 
 
+def _paired(rows: list[dict[str, Any]], arm: str, ref: str, key: str) -> tuple[list[float], list[float]]:
+    """``arm``'s ``key`` minus ``ref``'s on each seed where both have it, and ``ref``'s values."""
+    by = {(r["arm"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    diffs = [
+        by[(arm, s)][key] - by[(ref, s)][key]
+        for s in seeds
+        if by[(arm, s)].get(key) is not None and by[(ref, s)].get(key) is not None
+    ]
+    return diffs, [by[(ref, s)][key] for s in seeds if by[(ref, s)].get(key)]
+
+
 def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: int) -> list[dict[str, Any]]:
     """Per metric and per arm vs the reference arm: mean paired difference and its bootstrap CI."""
     ref = arms[0]
-    by = {(r["arm"], r["seed"]): r for r in rows}
-    seeds = sorted({r["seed"] for r in rows})
     out = []
     for arm in arms[1:]:
         for key in METRICS:
-            diffs = [
-                by[(arm, s)][key] - by[(ref, s)][key]
-                for s in seeds
-                if by[(arm, s)].get(key) is not None and by[(ref, s)].get(key) is not None
-            ]
+            diffs, base = _paired(rows, arm, ref, key)
             if not diffs:
                 continue
             lo, hi = bootstrap_ci(diffs, resamples)
-            base = [by[(ref, s)][key] for s in seeds if by[(ref, s)].get(key)]
             relative = base and np.mean(base) and key not in NO_RELATIVE
             rel = float(np.mean(diffs) / np.mean(base)) if relative else None
             out.append(
@@ -394,12 +408,56 @@ def write_outputs(
     evals = evals or {}
     changes = {arm: {s: held_out_changes(e) for s, e in runs.items()} for arm, runs in evals.items()}
     pooled = pooled_held_out(changes, arms[0], exp.bootstrap)
+    lines += cost_power_section(rows, arms, exp.aimed_change)
     lines += held_out_section(pooled, arms[0])
     lines += precision_section(pooled, evals, rows)
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
     plot(out / "experiment.png", rows, arms, pooled)
     return diffs
+
+
+def cost_power_section(rows: list[dict[str, Any]], arms: list[str], aimed: float) -> list[str]:
+    """How many seeds the paired cost per informative group (step-tokens, rollout seconds) of each
+    arm against the reference would take for its 95% CI over seeds to exclude 0: at the change
+    measured and at the ``aimed`` relative change, from the seed-to-seed spread of the paired
+    differences measured here (``reporting.power.paired_seeds_needed``). No lines with fewer than
+    2 seeds."""
+    ref, out = arms[0], []
+    for arm in arms[1:]:
+        for key in COST_METRICS:
+            diffs, base = _paired(rows, arm, ref, key)
+            if len(diffs) < 2 or not base:
+                continue
+            scale = float(np.mean(base))
+
+            def needed(effect: float, diffs: list[float] = diffs) -> str:
+                counts = [paired_seeds_needed(diffs, effect, odds) for odds in (0.5, 0.8)]
+                return " / ".join("none" if n is None else str(n) for n in counts)
+
+            spread = float(np.std(diffs, ddof=1)) / scale
+            measured = float(np.mean(diffs))
+            out.append(
+                f"| {arm} | {METRICS[key]} | {measured / scale:+.1%} | {spread:.1%} | {len(diffs)} "
+                f"| {needed(measured)} | {needed(aimed * scale)} |"
+            )
+    if not out:
+        return []
+    return [
+        "",
+        f"## Seeds the cost per informative group would take (vs `{ref}`)",
+        "",
+        "Seeds for the 95% CI over seeds of the paired difference to exclude 0 with even / 80% odds, "
+        "if the true change were the one measured or the one aimed at, at the seed-to-seed spread "
+        "of the paired differences measured here (`selective_rollout/reporting/power.py`; an order "
+        'of magnitude: with few seeds the spread is itself uncertain; "none": more than '
+        f"{MAX_SEEDS} or no change).",
+        "",
+        f"| arm | metric | change | SD of the paired difference over seeds | seeds run "
+        f"| seeds at the measured change | seeds at a {aimed:.0%} change |",
+        "|---|---|---|---|---|---|---|",
+        *out,
+    ]
 
 
 def held_out_section(pooled: list[dict[str, Any]], reference: str) -> list[str]:

@@ -125,3 +125,18 @@ def change_precision(
         training=max(0.0, within - sampling / tries),
         covariance=float(deviations.sum(axis=0).mean() / (seeds - 1)),
     )
+
+
+def paired_seeds_needed(differences: Sequence[float], effect: float, odds: float = 0.5) -> int | None:
+    """The fewest seeds whose 95% CI of a mean paired difference (arm minus reference on the same
+    seed, one per seed) would exclude 0 with probability ``odds`` if the true difference were
+    ``effect``, at the spread the measured ``differences`` show from seed to seed; at least 2 (one
+    seed has no spread to put a CI on). None with fewer than 2 differences (no spread measured), a
+    zero ``effect``, or more than ``MAX_SEEDS`` needed. A normal approximation: with a handful of
+    seeds the spread itself is uncertain, so the count is an order of magnitude."""
+    if len(differences) < 2 or effect == 0:
+        return None
+    spread = float(np.std(differences, ddof=1))
+    z = Z95 + NormalDist().inv_cdf(odds)
+    seeds = max(2, math.ceil((z * spread / abs(effect)) ** 2))
+    return seeds if seeds <= MAX_SEEDS else None

@@ -98,6 +98,28 @@ def test_a_difference_over_one_seed_has_no_ci(tmp_path):
     assert "n/a (1 seed)" in line and line.endswith("| 1 |")
 
 
+def test_the_report_says_how_many_seeds_the_cost_per_informative_group_would_take(tmp_path):
+    rows = _rows()
+    cost = {("off", 0): 100.0, ("off", 1): 100.0, ("off", 2): 100.0, ("on", 0): 70.0, ("on", 1): 90.0}
+    for r in rows:
+        r["step_tokens_per_informative"] = cost.get((r["arm"], r["seed"]), 80.0)
+    exp = ExperimentConfig(
+        base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1, 2], aimed_change=0.1
+    )
+    write_outputs(tmp_path, exp, rows)
+    md = (tmp_path / "experiment.md").read_text()
+    assert "## Seeds the cost per informative group would take (vs `off`)" in md
+    # differences -30, -10, -20 (SD 10): at -20, (1.96 x 10 / 20)^2 -> 2 seeds (the fewest a CI
+    # takes), (2.80 x 10 / 20)^2 -> 2; at the aimed 10% change: 4 / 8
+    line = next(
+        ln for ln in md.splitlines() if ln.startswith("| on | step-tokens per informative group | -20.0%")
+    )
+    assert line == "| on | step-tokens per informative group | -20.0% | 10.0% | 3 | 2 / 2 | 4 / 8 |"
+    assert "seeds at a 10% change" in md
+    # rollout seconds per informative group were not recorded: no line, not a line of n/a
+    assert "| on | rollout s per informative group |" not in md.split("## Seeds the cost")[1]
+
+
 def _held_out() -> dict[str, dict[int, dict[str, float]]]:
     """arm -> seed -> task -> change: 'on' gains 0.25 on every task of both seeds, 'off' 0 or 0.5."""
     tasks = [f"t{i}" for i in range(6)]

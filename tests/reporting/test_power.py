@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from selective_rollout.reporting.power import Z95, ChangePrecision, change_precision
+from selective_rollout.reporting.power import Z95, ChangePrecision, change_precision, paired_seeds_needed
 
 
 def _simulated(seeds: int, tasks: int, tries: int, between: float, training: float, rng) -> dict:
@@ -109,3 +109,19 @@ def test_paired_tries_measure_the_sampling_the_shared_draws_cancel():
     # try changes missing for a task of some seed: the binomial estimate, not a partial one
     del changes[3]["t5"]
     assert change_precision(runs, 4, changes).sampling == unpaired.sampling
+
+
+def test_seeds_for_a_paired_difference_follow_the_spread_and_the_effect():
+    diffs = [-10.0, -30.0, -20.0, 0.0, -40.0]  # SD 15.8 over seeds
+    at_measured = paired_seeds_needed(diffs, -20.0)
+    # (1.96 x 15.8 / 20)^2 = 2.4 -> 3 seeds at even odds; 80% odds asks (2.80 x 15.8 / 20)^2 -> 5
+    assert at_measured == 3 and paired_seeds_needed(diffs, -20.0, 0.8) == 5
+    assert paired_seeds_needed(diffs, -10.0) == 10  # half the effect: four times the seeds
+    assert paired_seeds_needed(diffs, 20.0) == at_measured  # the sign does not matter
+    assert paired_seeds_needed([-20.0, -20.0], -20.0) == 2  # no spread: a CI still needs 2 seeds
+
+
+def test_no_seed_count_without_a_spread_or_an_effect():
+    assert paired_seeds_needed([-20.0], -20.0) is None  # one seed: no spread measured
+    assert paired_seeds_needed([-10.0, 10.0], 0.0) is None
+    assert paired_seeds_needed([-100.0, 100.0], -1.0) is None  # beyond MAX_SEEDS
