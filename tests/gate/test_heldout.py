@@ -58,6 +58,11 @@ def test_a_gate_that_calibrates_its_step_is_scored_against_the_oracle_at_the_eva
     # 6 all-fail groups: stalled saves steps 9-10 of each, the K = 4 oracle steps 5-10
     assert result.summary["share_of_oracle"] == pytest.approx(2 / 6)
     assert oracle.summary["saved"] == pytest.approx(result.summary["saved"] * 3)
+    # every saving came from all-fail groups; the row says so beside what the oracle took there
+    head, _, row = table([result], horizon=10)
+    assert "saved from all-fail / all-succeed groups (the oracle's at K)" in head
+    fail = result.summary["saved"]
+    assert f"| {fail:.1%} / 0.0% ({3 * fail:.1%} / 0.0%) |" in row
 
 
 def test_a_row_gives_the_step_its_gate_calibrated_as_k_over_t_beside_the_paper_there() -> None:

@@ -12,7 +12,7 @@ from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.offline.evaluate import EPS as EVALUATE_EPS
 from selective_rollout.gate.offline.evaluate import labelled_groups
 from selective_rollout.gate.offline.replay import EPS, ReplayCalibration, replay, summarize
-from selective_rollout.gate.snapshot import caching
+from selective_rollout.gate.snapshot import caching, tokens_after
 from selective_rollout.records import Outcome
 from selective_rollout.stats import grpo_advantages
 from tests.gate.synthetic import converged, divergent, group, partly
@@ -170,3 +170,24 @@ def test_recall_is_counted_per_class_over_the_groups_still_running_at_the_gates_
     stalled = summarize(replay(build_gate("stalled", k=4), log))
     assert stalled["recall_all_fail"] == 1.0 and stalled["recall_all_succeed"] == 1.0
     assert math.isnan(summarize([])["recall_all_succeed"])
+
+
+def test_the_saving_is_split_by_the_class_of_the_cut_group_beside_what_each_class_held():
+    """What there is to save in each half of the waste (the oracle's cut at K) and what a gate
+    took of it; a false cut's saving belongs to neither class."""
+    log = [
+        converged("fail", [0.0, 0.0, 0.0], length=10),
+        converged("win", [1.0, 1.0, 1.0], length=6),
+        partly("mixed", [0.0, 1.0, 1.0], shared=4),  # alike at K = 4, yet informative
+    ]
+    total = sum(tokens_after(r) for r in log)
+    oracle = summarize(replay(build_gate("oracle", k=4), log))
+    assert oracle["oracle_all_fail"] == pytest.approx(tokens_after(log[0], 4) / total)
+    assert oracle["oracle_all_succeed"] == pytest.approx(tokens_after(log[1], 4) / total)
+    assert 0 < oracle["oracle_all_succeed"] < oracle["oracle_all_fail"]  # the shorter wins hold less
+    assert oracle["saved_all_fail"] == pytest.approx(oracle["oracle_all_fail"])
+    assert oracle["saved_all_succeed"] == pytest.approx(oracle["oracle_all_succeed"])
+    cut_all = summarize(replay(build_gate("prefix_edit", k=4, tau=0.4), log))  # stops every group
+    assert cut_all["false_stops"] == 1
+    assert cut_all["saved"] > cut_all["saved_all_fail"] + cut_all["saved_all_succeed"]  # the mixed cut
+    assert cut_all["saved_all_fail"] == pytest.approx(oracle["oracle_all_fail"])

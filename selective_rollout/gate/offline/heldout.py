@@ -261,10 +261,11 @@ def table(results: Sequence[Result], horizon: int) -> list[str]:
     head = (
         "| gate | target | calibrated on the fit part (per fold) | decides at K (K/T) | stops (audited) | "
         "precision | recall | recall all-fail / all-succeed (groups running at K) | step-tokens saved | "
+        "saved from all-fail / all-succeed groups (the oracle's at K) | "
         "paper at the same K/T: saved at precision | share of oracle | saved minus prefix_edit's | "
         "step-tokens per informative group vs no gate | adv L2 kept |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in results:
         s, ci = r.summary, r.ci
         vs = "" if r.vs_baseline is None else _with_ci(r.vs_baseline[0], r.vs_baseline[1:], _pct)
@@ -282,6 +283,8 @@ def table(results: Sequence[Result], horizon: int) -> list[str]:
             f"{_num(s['recall_all_fail'])} ({s['all_fail_live']:.0f}) / "
             f"{_num(s['recall_all_succeed'])} ({s['all_succeed_live']:.0f}) | "
             f"{_with_ci(s['saved'], ci['saved'], _pct)} | "
+            f"{_pct(s['saved_all_fail'])} / {_pct(s['saved_all_succeed'])} "
+            f"({_pct(s['oracle_all_fail'])} / {_pct(s['oracle_all_succeed'])}) | "
             f"{paper} | "
             f"{_with_ci(s['share_of_oracle'], ci['share_of_oracle'], _pct)} | "
             f"{vs} | {_with_ci(s['per_informative'], ci['per_informative'], _signed_pct)} | "
@@ -301,7 +304,8 @@ def write_csv(results: Sequence[Result], path: Path, horizon: int) -> None:
     fields += ["paper_precision", "groups", "zero_variance", "stops", "audited", "false_stops"]
     fields += [f"{n}{suffix}" for n in STATISTICS for suffix in ("", "_lo", "_hi")]
     fields += ["saved_minus_prefix_edit", "saved_minus_prefix_edit_lo", "saved_minus_prefix_edit_hi"]
-    fields += ["oracle_saved", "adv_l2_preserved", "all_fail_live", "all_succeed_live"]
+    fields += ["oracle_saved", "oracle_all_fail", "oracle_all_succeed", "adv_l2_preserved"]
+    fields += ["all_fail_live", "all_succeed_live"]
     fields += ["fit_precision", "fit_saved"]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
@@ -325,7 +329,8 @@ def write_csv(results: Sequence[Result], path: Path, horizon: int) -> None:
             if r.vs_baseline is not None:
                 keys = ("saved_minus_prefix_edit", "saved_minus_prefix_edit_lo", "saved_minus_prefix_edit_hi")
                 row.update(dict(zip(keys, r.vs_baseline, strict=True)))
-            row.update({k: r.summary[k] for k in ("oracle_saved", "adv_l2_preserved")})
+            row.update({k: r.summary[k] for k in ("oracle_saved", "oracle_all_fail", "oracle_all_succeed")})
+            row["adv_l2_preserved"] = r.summary["adv_l2_preserved"]
             row.update({k: r.summary[k] for k in ("all_fail_live", "all_succeed_live")})
             if r.fit:
                 row["fit_precision"] = (

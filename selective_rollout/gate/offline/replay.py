@@ -112,10 +112,20 @@ class GroupOutcome:
 
     def _by_class(self, tp: bool) -> list[float]:
         """Per class of zero-variance group (all-fail, all-succeed): how many could be cut (still
-        running at the gate's first step) and how many of those the gate stopped."""
-        fail = self.zero_variance and not self.succeeded and self.live_at_k
-        succeed = self.zero_variance and self.succeeded and self.live_at_k
-        return [float(fail), float(fail and tp), float(succeed), float(succeed and tp)]
+        running at the gate's first step), how many of those the gate stopped, and the step-tokens
+        its cut and the oracle's saved on them (what the class held to save)."""
+        fail = self.zero_variance and not self.succeeded
+        succeed = self.zero_variance and self.succeeded
+        return [
+            float(fail and self.live_at_k),
+            float(fail and self.live_at_k and tp),
+            float(succeed and self.live_at_k),
+            float(succeed and self.live_at_k and tp),
+            float(self.saved if fail else 0),
+            float(self.saved if succeed else 0),
+            float(self.oracle if fail else 0),
+            float(self.oracle if succeed else 0),
+        ]
 
 
 def replay(
@@ -167,7 +177,8 @@ def _advantage_sq(record: GroupRecord) -> float:
 # the columns of GroupOutcome.row
 STOPS, TP, ZERO, SAVED, TOTAL, ORACLE, ADV, ADV_KEPT, AUDITED, INFORMATIVE, LOST = range(11)
 FAIL_LIVE, FAIL_STOPPED, SUCCEED_LIVE, SUCCEED_STOPPED = range(11, 15)
-ROW_WIDTH = 15
+SAVED_FAIL, SAVED_SUCCEED, ORACLE_FAIL, ORACLE_SUCCEED = range(15, 19)
+ROW_WIDTH = 19
 
 
 def _ratio(num: float, den: float) -> float:
@@ -189,6 +200,9 @@ STATISTICS = {
     "recall_all_fail": lambda s: _ratio(s[FAIL_STOPPED], s[FAIL_LIVE]),
     "recall_all_succeed": lambda s: _ratio(s[SUCCEED_STOPPED], s[SUCCEED_LIVE]),
     "saved": lambda s: _ratio(s[SAVED], s[TOTAL]),
+    # the saving by class of the cut group, as a share of all step-tokens (the rest: false cuts)
+    "saved_all_fail": lambda s: _ratio(s[SAVED_FAIL], s[TOTAL]),
+    "saved_all_succeed": lambda s: _ratio(s[SAVED_SUCCEED], s[TOTAL]),
     "share_of_oracle": lambda s: _ratio(s[SAVED], s[ORACLE]),
     "per_informative": _per_informative,
 }
@@ -207,6 +221,8 @@ def summarize(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
         audited=s[AUDITED],
         false_stops=s[STOPS] - s[TP],
         oracle_saved=_ratio(s[ORACLE], s[TOTAL]),
+        oracle_all_fail=_ratio(s[ORACLE_FAIL], s[TOTAL]),
+        oracle_all_succeed=_ratio(s[ORACLE_SUCCEED], s[TOTAL]),
         adv_l2_preserved=math.sqrt(s[ADV_KEPT] / s[ADV]) if s[ADV] else 1.0,
         all_fail_live=s[FAIL_LIVE],
         all_succeed_live=s[SUCCEED_LIVE],
