@@ -322,15 +322,15 @@ def pooled_held_out(
 
 
 def _paired(rows: list[dict[str, Any]], arm: str, ref: str, key: str) -> tuple[list[float], list[float]]:
-    """``arm``'s ``key`` minus ``ref``'s on each seed where both have it, and ``ref``'s values."""
+    """``arm``'s ``key`` minus ``ref``'s on each seed where both have it, and ``ref``'s values on
+    those same seeds: the base a relative difference divides by, so both describe one set of runs."""
     by = {(r["arm"], r["seed"]): r for r in rows}
-    seeds = sorted({r["seed"] for r in rows})
-    diffs = [
-        by[(arm, s)][key] - by[(ref, s)][key]
-        for s in seeds
-        if by[(arm, s)].get(key) is not None and by[(ref, s)].get(key) is not None
+    seeds = [
+        s
+        for s in sorted({r["seed"] for r in rows})
+        if by.get((arm, s), {}).get(key) is not None and by.get((ref, s), {}).get(key) is not None
     ]
-    return diffs, [by[(ref, s)][key] for s in seeds if by[(ref, s)].get(key)]
+    return [by[(arm, s)][key] - by[(ref, s)][key] for s in seeds], [by[(ref, s)][key] for s in seeds]
 
 
 def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: int) -> list[dict[str, Any]]:
@@ -343,7 +343,7 @@ def paired_differences(rows: list[dict[str, Any]], arms: list[str], resamples: i
             if not diffs:
                 continue
             lo, hi = bootstrap_ci(diffs, resamples)
-            relative = base and np.mean(base) and key not in NO_RELATIVE
+            relative = np.mean(base) and key not in NO_RELATIVE
             rel = float(np.mean(diffs) / np.mean(base)) if relative else None
             out.append(
                 {
@@ -427,9 +427,9 @@ def cost_power_section(rows: list[dict[str, Any]], arms: list[str], aimed: float
     for arm in arms[1:]:
         for key in COST_METRICS:
             diffs, base = _paired(rows, arm, ref, key)
-            if len(diffs) < 2 or not base:
+            scale = float(np.mean(base)) if base else 0.0
+            if len(diffs) < 2 or not scale:
                 continue
-            scale = float(np.mean(base))
 
             def needed(effect: float, diffs: list[float] = diffs) -> str:
                 counts = [paired_seeds_needed(diffs, effect, odds) for odds in (0.5, 0.8)]
@@ -453,8 +453,8 @@ def cost_power_section(rows: list[dict[str, Any]], arms: list[str], aimed: float
         'of magnitude: with few seeds the spread is itself uncertain; "none": more than '
         f"{MAX_SEEDS} or no change).",
         "",
-        f"| arm | metric | change | SD of the paired difference over seeds | seeds run "
-        f"| seeds at the measured change | seeds at a {aimed:.0%} change |",
+        "| arm | metric | change | SD of the paired difference over seeds (share of the reference's) "
+        f"| seeds run | seeds at the measured change | seeds at a {aimed * 100:g}% change |",
         "|---|---|---|---|---|---|---|",
         *out,
     ]

@@ -76,6 +76,8 @@ def bind_params(
     passes), else ``params``' fields or the keyword ``values`` validated by ``model``, a bad one
     raising ``params_error``'s one line. Gates and trajectory stop rules are built both ways: by
     their registry from a config section, and in code with keyword arguments."""
+    if params is not None and values:
+        raise TypeError(f"{kind} {name!r}: pass its parameters as one model or as keywords, not both")
     if isinstance(params, model):
         return params
     try:

@@ -33,3 +33,8 @@ def test_bad_values_get_one_line_naming_the_entry_and_each_parameter():
     assert "\n" not in text
     assert "trajectory stop k must be >= 1, got 0" in text
     assert "trajectory stop 'demo' has no parameter 'tua' (it has: k, tau)" in text
+
+
+def test_a_model_and_keywords_together_are_refused_not_half_ignored():
+    with pytest.raises(TypeError, match="one model or as keywords, not both"):
+        bind_params("gate", "demo", Knobs, Knobs(), {"k": 3})

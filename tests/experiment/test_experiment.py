@@ -120,6 +120,23 @@ def test_the_report_says_how_many_seeds_the_cost_per_informative_group_would_tak
     assert "| on | rollout s per informative group |" not in md.split("## Seeds the cost")[1]
 
 
+def test_a_relative_difference_divides_by_the_reference_on_the_same_seeds(tmp_path):
+    """A seed only the reference has a figure for (the arm kept no informative group) is left out
+    of the base too, or the relative change would describe other runs than the differences."""
+    rows = _rows()
+    cost = {("off", 0): 100.0, ("off", 1): 100.0, ("off", 2): 1000.0, ("on", 0): 70.0, ("on", 1): 90.0}
+    for r in rows:
+        r["step_tokens_per_informative"] = cost.get((r["arm"], r["seed"]))
+    diffs = {d["metric"]: d for d in paired_differences(rows, ["off", "on"], 200)}
+    assert diffs["step_tokens_per_informative"]["rel"] == pytest.approx(-0.2)
+    exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1, 2])
+    write_outputs(tmp_path, exp, rows)
+    assert (
+        "| on | step-tokens per informative group | -20.0% | 14.1% | 2 |"
+        in (tmp_path / "experiment.md").read_text()
+    )
+
+
 def _held_out() -> dict[str, dict[int, dict[str, float]]]:
     """arm -> seed -> task -> change: 'on' gains 0.25 on every task of both seeds, 'off' 0 or 0.5."""
     tasks = [f"t{i}" for i in range(6)]

@@ -59,8 +59,9 @@ def test_a_gate_that_calibrates_its_step_is_scored_against_the_oracle_at_the_eva
     assert result.summary["share_of_oracle"] == pytest.approx(2 / 6)
     assert oracle.summary["saved"] == pytest.approx(result.summary["saved"] * 3)
     # every saving came from all-fail groups; the row says so beside what the oracle took there
-    head, _, row = table([result], horizon=10)
+    head, rule, row = table([result], horizon=10)
     assert "saved from all-fail / all-succeed groups (the oracle's at K)" in head
+    assert row.count("|") == head.count("|") == rule.count("|")
     fail = result.summary["saved"]
     assert f"| {fail:.1%} / 0.0% ({3 * fail:.1%} / 0.0%) |" in row
 

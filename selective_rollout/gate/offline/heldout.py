@@ -25,10 +25,11 @@ knowing them) and is replayed over the evaluation part in log order as a run wou
 hidden from the gate).
 
 Printed and written (``heldout.md``, ``heldout.csv``, ``heldout_pareto.png``) per gate and target:
-precision and recall (of zero-variance groups) of its stops, step-tokens saved, that saving as a
-share of the oracle's (cut exactly the zero-variance groups at K, whatever step a gate
-calibrated for itself), the difference in saving from
-``prefix_edit`` calibrated alike, the change in step-tokens per informative group that reaches the
+precision and recall (of zero-variance groups) of its stops, recall and step-tokens saved per
+class of zero-variance group (all-fail, all-succeed; beside what the oracle saves on each), all
+step-tokens saved, that saving as a share of the oracle's (cut exactly the zero-variance groups at
+K, whatever step a gate calibrated for itself), the difference in saving from ``prefix_edit``
+calibrated alike, the change in step-tokens per informative group that reaches the
 learner against no gate, and GRPO advantage L2 kept, each with a 95% bootstrap interval
 over tasks (a task's groups resampled together; the gates' decisions held fixed).
 ``--steps`` adds, for every gate, a variant that also decides at those later steps
