@@ -53,6 +53,8 @@ METRICS = {
     "cuts_all_succeed": "cuts of groups all-succeed in the reference run",
     "audited_all_fail": "audited stops that were all-fail",
     "audited_all_succeed": "audited stops that were all-succeed",
+    "trajectories_stopped": "trajectories ended early by the trajectory stop rule",
+    "trajectory_label_precision": "audited label precision of trajectory stops",
     "zero_var_frac": "zero-variance share",
     "success_before": "held-out success before",
     "success_after": "held-out success after",
@@ -227,6 +229,7 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
     report = json.loads((run_dir / "report.json").read_text())
     r, ev = report["rollout"], report["eval"]
     informative = r["informative_kept"]
+    stops = r.get("trajectory_stops", {})  # a report written before trajectory stops has none
     return {
         "wall_s": report["wall_s"],
         "rollout_wall_s": report["rollout_wall_s"],
@@ -240,6 +243,10 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         # a report written before audits were counted by class has no such entry
         "audited_all_fail": r.get("audited_by_class", {}).get("all-fail"),
         "audited_all_succeed": r.get("audited_by_class", {}).get("all-succeed"),
+        "trajectories_stopped": stops.get("stopped", 0),
+        "trajectory_label_precision": stops["label_right"] / stops["audited"]
+        if stops.get("audited")
+        else None,
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
         "success_after": ev.get("after", {}).get("success_rate"),

@@ -13,6 +13,7 @@ import pytest
 from selective_rollout.config import ConfigError
 from selective_rollout.experiment import (
     ExperimentConfig,
+    arm_metrics,
     held_out_changes,
     load_experiment,
     paired_cut_precision,
@@ -135,6 +136,28 @@ def test_a_relative_difference_divides_by_the_reference_on_the_same_seeds(tmp_pa
         "| on | step-tokens per informative group | -20.0% | 14.1% | 2 |"
         in (tmp_path / "experiment.md").read_text()
     )
+
+
+def _report(tmp_path: Path, **rollout) -> Path:
+    """A run folder whose report.json holds what ``arm_metrics`` reads, plus ``rollout`` keys."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    base = {"step_tokens_spent": 1000, "outcomes": {"cut": 1}, "kept": 4, "informative_kept": 2}
+    base |= {"audit_precision": None, "zero_var_frac": 0.5}
+    report = {"wall_s": 10.0, "rollout_wall_s": 8.0, "rollout": base | rollout, "eval": {}}
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_trajectory_stops_and_their_audited_label_precision_are_arm_metrics(tmp_path):
+    stops = {"stopped": 7, "audited": 4, "label_right": 3}
+    metrics = arm_metrics(_report(tmp_path, trajectory_stops=stops))
+    assert metrics["trajectories_stopped"] == 7 and metrics["trajectory_label_precision"] == 0.75
+    assert metrics["step_tokens_per_informative"] == 500
+    unaudited = arm_metrics(_report(tmp_path / "x", trajectory_stops={"stopped": 2, "audited": 0}))
+    assert unaudited["trajectory_label_precision"] is None  # no audit: unknown, not 0
+    older = arm_metrics(_report(tmp_path / "y"))  # a report from before trajectory stops
+    assert older["trajectories_stopped"] == 0 and older["trajectory_label_precision"] is None
 
 
 def _held_out() -> dict[str, dict[int, dict[str, float]]]:
