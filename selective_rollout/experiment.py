@@ -104,6 +104,11 @@ class ExperimentConfig(BaseModel):
         "detect: the report says how many seeds a CI over seeds excluding 0 would take at it",
     )
     sweep: SweepSpec | None = SweepSpec()
+    versus: list[str] = Field(
+        default_factory=list,
+        description="arms besides the first to compare every other arm's held-out change with (the "
+        "gated arms against the arm that only leaves zero-variance groups out of the loss, say)",
+    )
     gate_memory: dict[str, list[str]] = Field(
         default_factory=dict,
         description="arm -> arms whose runs on the *other* seeds its gate observes before it starts "
@@ -152,6 +157,9 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
     if exp.base is None:
         raise ConfigError(f"{path}: base: the experiment names no base run config (base: or overrides_of:)")
     order = list(exp.arms)
+    unknown = [arm for arm in exp.versus if arm not in exp.arms]
+    if unknown:
+        raise ConfigError(f"{path}: versus names arms that are not in arms: {', '.join(unknown)}")
     for arm, sources in exp.gate_memory.items():
         if arm not in exp.arms or any(src not in exp.arms for src in sources):
             raise ConfigError(f"{path}: gate_memory names an arm that is not in arms: {arm}: {sources}")
@@ -317,15 +325,49 @@ def pooled_held_out(
     for arm, per_seed in changes.items():
         row: dict[str, Any] = {"arm": arm, **_mean_over_tasks(list(per_seed.values()), resamples)}
         if arm != reference:
-            ref = changes[reference]
-            versus = [
-                {t: c[t] - ref[seed][t] for t in sorted(c.keys() & ref[seed].keys())}
-                for seed, c in per_seed.items()
-                if seed in ref
-            ]
-            row["vs_reference"] = _mean_over_tasks(versus, resamples)
+            row["vs_reference"] = _held_out_difference(changes, arm, reference, resamples)
         out.append(row)
     return [r for r in out if r["pairs"]]
+
+
+def _held_out_difference(
+    changes: dict[str, dict[int, dict[str, float]]], arm: str, other: str, resamples: int
+) -> dict[str, Any]:
+    """``arm``'s held-out change minus ``other``'s on the same seeds and tasks, pooled with its CI
+    over tasks (``_mean_over_tasks``): the shared 'before' of a seed cancels."""
+    ref = changes[other]
+    differences = [
+        {t: c[t] - ref[seed][t] for t in sorted(c.keys() & ref[seed].keys())}
+        for seed, c in changes[arm].items()
+        if seed in ref
+    ]
+    return _mean_over_tasks(differences, resamples)
+
+
+def versus_section(
+    changes: dict[str, dict[int, dict[str, float]]], versus: list[str], resamples: int
+) -> list[str]:
+    """The held-out change of every other arm minus that of each arm in ``versus`` (the experiment's
+    comparisons beside the reference's: the gate against the denominator-only arm, say)."""
+    rows = []
+    for other in versus:
+        for arm in changes:
+            if arm == other or other not in changes:
+                continue
+            d = _held_out_difference(changes, arm, other, resamples)
+            if d["pairs"]:
+                lo, hi = d["ci95"]
+                rows.append(f"| {arm} | {other} | {d['mean']:+.1%} | [{lo:+.1%}, {hi:+.1%}] | {d['pairs']} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "## Held-out change of each arm minus another's (same seeds and tasks; 95% CI resampling tasks)",
+        "",
+        "| arm | minus | difference | 95% CI | seed x task pairs |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _paired(rows: list[dict[str, Any]], arm: str, ref: str, key: str) -> tuple[list[float], list[float]]:
@@ -417,6 +459,7 @@ def write_outputs(
     pooled = pooled_held_out(changes, arms[0], exp.bootstrap)
     lines += cost_power_section(rows, arms, exp.aimed_change)
     lines += held_out_section(pooled, arms[0])
+    lines += versus_section(changes, exp.versus, exp.bootstrap)
     lines += precision_section(pooled, evals, rows)
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")

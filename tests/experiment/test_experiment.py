@@ -19,6 +19,7 @@ from selective_rollout.experiment import (
     paired_cut_precision,
     paired_differences,
     pooled_held_out,
+    versus_section,
     write_outputs,
 )
 from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Step, Trajectory
@@ -192,6 +193,19 @@ def test_held_out_change_is_pooled_over_seeds_with_a_ci_over_tasks():
     assert on["mean"] == pytest.approx(0.25) and on["ci95"] == [pytest.approx(0.25)] * 2
     assert on["vs_reference"]["mean"] == pytest.approx(0.0) and on["vs_reference"]["pairs"] == 12
     assert on["vs_reference"]["ci95"][0] < 0.0 < on["vs_reference"]["ci95"][1]
+
+
+def test_arms_named_in_versus_are_compared_with_every_other_arm(tmp_path):
+    changes = _held_out() | {"drop": {s: dict.fromkeys([f"t{i}" for i in range(6)], 0.125) for s in (0, 1)}}
+    lines = versus_section(changes, ["drop"], 500)
+    assert lines[1].startswith("## Held-out change of each arm minus another's")
+    rows = {ln.split(" | ")[0]: ln for ln in lines if ln.startswith("| ") and "minus |" not in ln}
+    assert set(rows) == {"| off", "| on"}  # the arm itself is not compared with itself
+    assert rows["| on"] == "| on | drop | +12.5% | [+12.5%, +12.5%] | 12 |"  # 0.25 - 0.125 on every task
+    assert versus_section(changes, [], 500) == []
+    with pytest.raises(ConfigError, match="versus names arms that are not in arms: dorp"):
+        (tmp_path / "e.yaml").write_text("base: cpu_default.yaml\narms: {a: [], b: []}\nversus: [dorp]\n")
+        load_experiment(tmp_path / "e.yaml")
 
 
 def test_a_task_on_several_seeds_is_resampled_as_one():
