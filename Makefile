@@ -117,7 +117,7 @@ experiment-learning: install
 
 # Is it the gate or the smaller denominator? Gate off, zero-variance groups dropped from the loss
 # alone (dapo without refill), stalled and the composed gate, refill off in every arm (4 arms x 2
-# seeds x 5 iterations; about 1.5 h on 2 cores).
+# seeds x 5 iterations; about 46 min on 2 cores).
 experiment-skeptic: install
 	$(PY) -m selective_rollout.experiment --config configs/cpu_learning_skeptic.yaml
 
