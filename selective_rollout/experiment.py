@@ -64,6 +64,12 @@ METRICS = {
 # Metrics that are themselves signed changes: a difference of them relative to the reference's
 # value divides by a change that may be near zero or negative (+0.125 over -0.083 read "-150%").
 NO_RELATIVE = {"success_gain", "success_gain_ci_low"}
+# Precisions over audits: an arm's figure pools its seeds' audits (right / audited) rather than
+# averaging the seeds' ratios, where one seed's single audit would weigh as much as another's ten
+POOLED = {
+    "audit_precision": ("audits_right", "audits"),
+    "trajectory_label_precision": ("trajectory_labels_right", "trajectory_stops_audited"),
+}
 # What an informative group costs: the gate's saving, measured where it is spent
 COST_METRICS = ("step_tokens_per_informative", "rollout_s_per_informative")
 
@@ -248,6 +254,8 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "rollout_s_per_informative": report["rollout_wall_s"] / informative if informative else None,
         "step_tokens_per_informative": r["step_tokens_spent"] / informative if informative else None,
         "audit_precision": r["audit_precision"],
+        "audits": r["audited"],
+        "audits_right": round(r["audit_precision"] * r["audited"]) if r["audited"] else 0,
         # a report written before audits were counted by class has no such entry
         "audited_all_fail": r.get("audited_by_class", {}).get("all-fail"),
         "audited_all_succeed": r.get("audited_by_class", {}).get("all-succeed"),
@@ -255,6 +263,8 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "trajectory_label_precision": stops["label_right"] / stops["audited"]
         if stops.get("audited")
         else None,
+        "trajectory_stops_audited": stops.get("audited", 0),
+        "trajectory_labels_right": stops.get("label_right", 0),
         "zero_var_frac": r["zero_var_frac"],
         "success_before": ev.get("before", {}).get("success_rate"),
         "success_after": ev.get("after", {}).get("success_rate"),
@@ -420,13 +430,18 @@ def write_outputs(
     when given, adds the held-out change pooled over seeds and how precisely it was measured."""
     arms = list(exp.arms)
     with (out / "experiment.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["arm", "seed", *METRICS])
+        counts = [c for pair in POOLED.values() for c in pair]
+        writer = csv.DictWriter(fh, fieldnames=["arm", "seed", *METRICS, *counts], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     diffs = paired_differences(rows, arms, exp.bootstrap)
 
     def mean(arm: str, key: str) -> str:
-        vals = [r[key] for r in rows if r["arm"] == arm and r.get(key) is not None]
+        runs = [r for r in rows if r["arm"] == arm]
+        if key in POOLED and all(c in r for r in runs for c in POOLED[key]):
+            right, audited = (sum(r[c] for r in runs) for c in POOLED[key])
+            return f"{right / audited:.3g} ({right} of {audited})" if audited else "n/a"
+        vals = [r[key] for r in runs if r.get(key) is not None]
         return f"{np.mean(vals):.3g}" if vals else "n/a"
 
     lines = [
@@ -438,6 +453,7 @@ def write_outputs(
         "|---" * (len(METRICS) + 1) + "|",
     ]
     lines += [f"| {a} | " + " | ".join(mean(a, k) for k in METRICS) + " |" for a in arms]
+    lines += ["", "Means over seeds; the audited precisions pool the seeds' audits (right of audited)."]
     lines += [
         "",
         f"## Paired differences vs `{arms[0]}` (mean over seeds, 95% bootstrap CI over seeds)",

@@ -144,7 +144,7 @@ def _report(tmp_path: Path, **rollout) -> Path:
     run = tmp_path / "run"
     run.mkdir(parents=True)
     base = {"step_tokens_spent": 1000, "outcomes": {"cut": 1}, "kept": 4, "informative_kept": 2}
-    base |= {"audit_precision": None, "zero_var_frac": 0.5}
+    base |= {"audit_precision": None, "audited": 0, "zero_var_frac": 0.5}
     report = {"wall_s": 10.0, "rollout_wall_s": 8.0, "rollout": base | rollout, "eval": {}}
     (run / "report.json").write_text(json.dumps(report))
     return run
@@ -159,6 +159,24 @@ def test_trajectory_stops_and_their_audited_label_precision_are_arm_metrics(tmp_
     assert unaudited["trajectory_label_precision"] is None  # no audit: unknown, not 0
     older = arm_metrics(_report(tmp_path / "y"))  # a report from before trajectory stops
     assert older["trajectories_stopped"] == 0 and older["trajectory_label_precision"] is None
+
+
+def test_an_arms_audited_precision_pools_its_seeds_audits(tmp_path):
+    """One seed's single wrong audit must not weigh as much as another seed's ten right ones."""
+    rows = _rows()[:4]  # seeds 0 and 1 of both arms
+    counts = {("on", 0): (1, 0), ("on", 1): (10, 10)}
+    for r in rows:
+        audits, right = counts.get((r["arm"], r["seed"]), (0, 0))
+        r.update(audits=audits, audits_right=right, audit_precision=right / audits if audits else None)
+        r.update(trajectory_stops_audited=0, trajectory_labels_right=0)
+    exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1])
+    write_outputs(tmp_path, exp, rows)
+    line = next(
+        ln for ln in (tmp_path / "experiment.md").read_text().splitlines() if ln.startswith("| on | ")
+    )
+    assert "| 0.909 (10 of 11) |" in line  # pooled; the seeds' mean would read 0.5
+    with (tmp_path / "experiment.csv").open() as fh:
+        assert {r["audits"] for r in csv.DictReader(fh) if r["arm"] == "on"} == {"1", "10"}
 
 
 def _held_out() -> dict[str, dict[int, dict[str, float]]]:
