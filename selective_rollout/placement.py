@@ -155,6 +155,28 @@ def pending_error(
     )
 
 
+def unplaced_actors(refs: list[Any]) -> list[Any]:
+    """The refs (actor method calls) whose actor Ray has not yet given a worker process.
+
+    Ray reports an actor PENDING_CREATION both while no node has room for it and while its
+    ``__init__`` runs (a 7B model's load and compile take minutes); only the first is a placement
+    problem. The GCS actor table tells them apart: a placed actor has a worker process (``Pid``).
+    A ref that is not an actor call, or a table Ray cannot read, counts as unplaced, so the
+    time-out still holds."""
+    from ray._private import state
+
+    out = []
+    for ref in refs:
+        actor = ref.task_id().actor_id()
+        try:
+            placed = not actor.is_nil() and bool(state.actors(actor.hex()).get("Pid"))
+        except Exception:  # the table is Ray's private API: never let it hide a pending actor
+            placed = False
+        if not placed:
+            out.append(ref)
+    return out
+
+
 def wait_for_actors(
     refs: Mapping[Any, str],
     timeout_s: float,
@@ -162,31 +184,43 @@ def wait_for_actors(
     poll_s: float = 60.0,
     wait: Callable[..., tuple[list[Any], list[Any]]] | None = None,
     cluster: Callable[[], dict[str, float]] | None = None,
+    unplaced: Callable[[list[Any]], list[Any]] | None = None,
 ) -> None:
     """Wait until every actor has answered its ref in ``refs`` (ref -> the actor's name, e.g. the
-    reply of a ``location`` call), logging every ``poll_s``; after ``timeout_s`` raise
-    ``ActorsPending`` naming the silent ones and what the cluster lacks for ``demand``.
+    reply of a ``location`` call), logging every ``poll_s``; when some actor is still unplaced
+    after ``timeout_s`` raise ``ActorsPending`` naming the unplaced ones and what the cluster
+    lacks for ``demand``.
 
     Ray keeps an actor it cannot place pending forever, and a run that waits forever on one looks
     like a slow start; an autoscaler adds nodes in minutes, so past the time-out nothing will come.
-    ``wait`` and ``cluster`` default to ``ray.wait`` and ``ray.cluster_resources`` (tests pass fakes).
+    The time-out counts only polls during which some actor had no node (``unplaced``): a placed
+    actor still loading its model is waited for as long as it takes (it answers with its error if
+    its ``__init__`` fails). ``wait``, ``cluster`` and ``unplaced`` default to ``ray.wait``,
+    ``ray.cluster_resources`` and ``unplaced_actors``; tests pass fakes (with a fake ``wait`` and
+    no ``unplaced``, every pending actor counts as unplaced).
     """
+    if unplaced is None:
+        unplaced = unplaced_actors if wait is None else list
     if wait is None or cluster is None:
         import ray
 
         wait, cluster = wait or ray.wait, cluster or ray.cluster_resources
     pending, waited = list(refs), 0.0
-    while pending and waited < timeout_s:
-        step = min(poll_s, timeout_s - waited)
+    while pending:
+        homeless = unplaced(pending)
+        if homeless and waited >= timeout_s:
+            raise ActorsPending(pending_error([refs[r] for r in homeless], waited, demand, dict(cluster())))
+        step = min(poll_s, timeout_s - waited) if homeless else poll_s
         _, pending = wait(pending, num_returns=len(pending), timeout=step)
-        waited += step
-        if pending and waited < timeout_s:
+        if homeless:
+            waited += step
+        if pending and (waited < timeout_s or not homeless):
             log.warning(
-                "%d actor(s) not started after %g s (%s); the run stops at placement.pending_timeout_s=%g",
+                "%d actor(s) not started after %g s of waiting for a node (%s; %s); the run stops "
+                "when one has no node after placement.pending_timeout_s=%g",
                 len(pending),
                 waited,
                 ", ".join(refs[ref] for ref in pending),
+                "some have no node yet" if homeless else "all placed, loading",
                 timeout_s,
             )
-    if pending:
-        raise ActorsPending(pending_error([refs[ref] for ref in pending], waited, demand, dict(cluster())))

@@ -4,6 +4,7 @@ them and what the cluster lacks, instead of a driver that waits forever."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,29 @@ def test_actors_that_start_before_the_timeout_pass():
     assert calls == [60, 60]
 
 
+def test_only_the_time_without_a_node_counts_against_the_timeout():
+    """An actor placed after the first poll but loading for five more polls (a 7B model's load and
+    compile) is waited for past the time-out: only the first poll counted."""
+    calls: list[float] = []
+
+    def ready_on_sixth_poll(refs: list, num_returns: int, timeout: float) -> tuple[list, list]:
+        calls.append(timeout)
+        return (list(refs), []) if len(calls) == 6 else ([], list(refs))
+
+    def placed_after_first_poll(refs: list) -> list:
+        return list(refs) if not calls else []
+
+    wait_for_actors(
+        {"a": "engine 0"},
+        90,
+        {"GPU": 1},
+        wait=ready_on_sixth_poll,
+        cluster=dict,
+        unplaced=placed_after_first_poll,
+    )
+    assert calls == [60, 60, 60, 60, 60, 60]
+
+
 def test_enough_in_total_says_something_else_holds_it():
     message = pending_error(["engine 3"], 600, {"GPU": 4}, {"GPU": 8, "CPU": 16})
     assert message.startswith("engine 3 still pending after 600 s: the cluster has what the run asks")
@@ -85,6 +109,28 @@ def test_an_actor_ray_cannot_place_stops_the_wait(ray_cluster):
         pending = rf"engine 0 still pending after 2 s: .*{NOBODY_HAS}: the run asks for 1"
         with pytest.raises(ActorsPending, match=pending):
             wait_for_actors({actor.location.remote(): "engine 0"}, 2, {NOBODY_HAS: 1}, poll_s=1)
+    finally:
+        ray.kill(actor)
+
+
+class SlowStart:
+    """Placed at once, then a long ``__init__``: a model's load, not a placement problem."""
+
+    def __init__(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def location(self) -> dict:
+        return {}
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_an_actor_placed_but_still_loading_is_not_pending(ray_cluster):
+    import ray
+
+    actor = ray.remote(SlowStart).options(num_cpus=0).remote(6.0)
+    try:
+        wait_for_actors({actor.location.remote(): "engine 0"}, 2, {}, poll_s=1)
     finally:
         ray.kill(actor)
 

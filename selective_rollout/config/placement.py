@@ -57,8 +57,9 @@ class PlacementConfig(Section):
         600.0,
         gt=0.0,
         description="stop the run, naming the actors and the resources they lack, when Ray has not "
-        "started every engine, the coordinator and its env workers this many seconds after they "
-        "were asked for (an autoscaler adding nodes must be quicker)",
+        "placed every engine, learner, the coordinator and its env workers on a node this many "
+        "seconds after they were asked for (an autoscaler adding nodes must be quicker; a placed "
+        "actor's model load and compile do not count)",
     )
 
     def process_options(self, allocator: Allocator, local: bool) -> dict[str, Any]:
