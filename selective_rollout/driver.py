@@ -310,6 +310,34 @@ class Driver:
         seconds = self.sync_weights()
         log.info("weight sync at start-up: %.1f s", seconds)
 
+    def check_update(self) -> dict[str, float]:
+        """``driver.update_check``: one optimiser step on a constructed group whose rewards differ,
+        synced and verified like any update; raises ``UpdateCheckFailed`` unless engine 0 then
+        scores the probe differently (``selective_rollout.update_check``)."""
+        import ray
+        from transformers import AutoTokenizer
+
+        from selective_rollout import update_check
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        prompt = list(tokenizer(update_check.PROMPT)["input_ids"])
+        replies = [list(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in update_check.REPLIES]
+        logprobs = self.learner.logprobs([[*prompt, *reply] for reply in replies])
+        batch = update_check.check_batch(prompt, replies, logprobs)
+        before = ray.get(self.engines[0].score.remote(self.probe_ids), timeout=600)
+        trained = self.learner.train_step(batch)
+        self.sync_weights()
+        after = ray.get(self.engines[0].score.remote(self.probe_ids), timeout=600)
+        metrics = update_check.verdict(trained, update_check.served_shift(before, after))
+        metrics["check/served_logprob_gap"] = self.served_gap
+        log.info(
+            "update check: loss %.3g, gradient norm %.3g; the served probe moved %.2g nats",
+            metrics["check/loss"],
+            metrics["check/grad_norm"],
+            metrics["check/served_shift"],
+        )
+        return metrics
+
     def evaluate(self, label: str) -> dict[str, Any]:
         from selective_rollout.policy_eval import format_summary, success_summary
         from selective_rollout.runtime import wait_for_coordinator
@@ -409,6 +437,9 @@ class Driver:
         from selective_rollout.reporting.report import write_report
 
         self.resume()
+        if self.cfg.driver.update_check and "update_check" not in self.state:
+            self.state["update_check"] = self.check_update()
+            self.logger.log(self.state["update_check"], -1)
         if "before" not in self.state["eval"]:
             if self.before_eval is None:
                 before = self.evaluate("before")

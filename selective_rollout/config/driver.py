@@ -27,6 +27,12 @@ class DriverConfig(Section):
         description="stop with one clear line when a rollout or evaluation makes no progress (no token "
         "generated, no env step) for this long, instead of waiting forever",
     )
+    update_check: bool = Field(
+        False,
+        description="after the start-up sync, take one optimiser step on a constructed group whose "
+        "rewards differ and require the engines to serve the moved weights (smoke checks and "
+        "rehearsals: it changes the policy the run starts from; selective_rollout.update_check)",
+    )
 
 
 class EvalConfig(Section):

@@ -51,6 +51,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             f"warm_start.cache_dir={tmp_path / 'warm'}",
             "eval.num_tasks=1",  # before and after: what the report needs, at the least cost
             "driver.iterations=2",
+            "driver.update_check=true",  # an update served whatever the rollouts hold
             f"driver.run_dir={run_dir}",
             "logging.backends=[jsonl,wandb]",
             "logging.progress=false",
@@ -73,7 +74,11 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     assert after_engine != before
     assert after_engine == pytest.approx(after_learner, rel=1e-9)
 
-    metrics = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["iteration"] in (0, 1)]
+    logged = list(read_metrics(run_dir / "metrics.jsonl"))
+    (check,) = [m for m in logged if "check/served_shift" in m]  # logged once, before the rollouts
+    assert check["iteration"] == -1 and check["check/grad_norm"] > 0 and check["check/served_shift"] > 0
+    assert check["check/served_logprob_gap"] <= cfg.trainer.served_weights_tol
+    metrics = [m for m in logged if m["iteration"] in (0, 1)]
     assert [m["iteration"] for m in metrics] == [0, 1]
     for m in metrics:
         for key in (
