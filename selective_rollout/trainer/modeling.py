@@ -16,6 +16,8 @@ from typing import NamedTuple
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
+from peft.tuners.lora import Embedding as LoraEmbedding
+from peft.tuners.lora import Linear as LoraLinear
 from peft.tuners.lora import LoraLayer
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -194,11 +196,32 @@ class ExportUnit:
             for name, param in self.exports:
                 tensor = param.detach()
                 if self.lora is not None and param is self.merged:
-                    tensor = tensor.clone()
-                    for adapter in self.lora.active_adapters:
-                        tensor += self.lora.get_delta_weight(adapter).to(tensor.dtype)
+                    tensor = _merged(tensor, self.lora)
                 out.append((name, tensor))
         return out
+
+
+def _merged(weight: torch.Tensor, layer: LoraLayer) -> torch.Tensor:
+    """``weight`` plus every active adapter's delta, summed in fp32 and rounded to the weight's
+    dtype once. PEFT's own delta is rounded to the adapter's dtype before it is added, and the
+    sum in bf16 rounds again: two roundings where one will do, on every device."""
+    total = weight.to(torch.float32, copy=True)  # a copy even in fp32: the learner's weight stays
+    for adapter in layer.active_adapters:
+        total += _delta_fp32(layer, adapter)
+    return total.to(weight.dtype)
+
+
+def _delta_fp32(layer: LoraLayer, adapter: str) -> torch.Tensor:
+    """One adapter's ``scaling * B @ A`` in fp32, laid out as the base weight (PEFT's formula for
+    linear and embedding layers); other layer kinds take PEFT's delta, rounded once already."""
+    if isinstance(layer, LoraLinear):
+        a, b, transposed = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight, layer.fan_in_fan_out
+    elif isinstance(layer, LoraEmbedding):
+        a, b, transposed = layer.lora_embedding_A[adapter], layer.lora_embedding_B[adapter], True
+    else:
+        return layer.get_delta_weight(adapter).float()
+    delta = b.float() @ a.float()
+    return (delta.T if transposed else delta) * layer.scaling[adapter]
 
 
 def export_units(model: torch.nn.Module) -> list[ExportUnit]:

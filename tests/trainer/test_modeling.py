@@ -1,5 +1,7 @@
 import pytest
 import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
@@ -68,6 +70,65 @@ def test_lora_export_of_a_model_with_biases_merges_weights_only_one_module_at_a_
     assert list(exported) == list(reference)
     for name, tensor in reference.items():
         torch.testing.assert_close(exported[name], tensor)
+
+
+def test_a_bf16_lora_merge_is_rounded_once(tiny_model_dir):
+    """On a bf16 base the merged weight is W + scale * B @ A computed in fp32 and rounded once.
+
+    The values make double rounding visible: W = 1 and a delta of 2^-8 + 2^-18. Rounded to bf16
+    first (8 significant bits) the delta is 2^-8, and 1 + 2^-8 is a tie that rounds to 1; the
+    exact sum is past the tie and rounds to 1 + 2^-7."""
+    cfg = TrainerConfig(precision="bf16", lora=LoraConfig(enabled=True, rank=8, alpha=16.0))
+    model = load_policy(tiny_model_dir, cfg)
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert q.scaling["default"] == 2.0
+    a, b = q.lora_A["default"].weight, q.lora_B["default"].weight
+    with torch.no_grad():
+        q.base_layer.weight.fill_(1.0)
+        a.zero_()
+        a[0], a[1] = 2.0**-9, 2.0**-19  # every column of B @ A: 2^-9 + 2^-19, times 2
+        b.zero_()
+        b[:, :2] = 1.0
+        delta = 2.0 * (b.float() @ a.float())
+        once = (q.base_layer.weight.float() + delta).to(torch.bfloat16)
+        twice = q.base_layer.weight + delta.to(torch.bfloat16)  # what peft's delta, added in bf16, gives
+    assert torch.all(once == 1 + 2.0**-7) and torch.all(twice == 1.0)  # the case tells them apart
+    merged = dict(merged_weights(model))["model.layers.0.self_attn.q_proj.weight"]
+    assert merged.dtype == torch.bfloat16
+    assert torch.equal(merged, once)
+
+
+def test_a_bf16_lora_on_the_embedding_and_a_conv_is_merged_in_fp32(tiny_model_dir):
+    """An embedding's adapters are laid out transposed (PEFT's ``lora_embedding_A/B``); a layer
+    kind without a formula here (a convolution) adds PEFT's own delta, in fp32 too."""
+    cfg = TrainerConfig(precision="bf16", lora=LoraConfig(enabled=True, target_modules=["embed_tokens"]))
+    model = load_policy(tiny_model_dir, cfg)
+    emb = model.base_model.model.model.embed_tokens
+    torch.manual_seed(0)
+    with torch.no_grad():
+        a, b = emb.lora_embedding_A["default"], emb.lora_embedding_B["default"]
+        a.normal_(0, 0.1)  # peft starts an embedding's A at zero
+        b.normal_(0, 0.1)
+        want = (emb.base_layer.weight.float() + emb.scaling["default"] * (b.float() @ a.float()).T).to(
+            torch.bfloat16
+        )
+    assert torch.equal(dict(merged_weights(model))["model.embed_tokens.weight"], want)
+
+    torch.manual_seed(0)
+    conv = get_peft_model(_Conv(), PeftLoraConfig(target_modules=["conv"], init_lora_weights=False))
+    (unit,) = [u for u in export_units(conv) if u.lora is not None]
+    layer = unit.lora
+    with torch.no_grad():
+        want = (layer.base_layer.weight.float() + layer.get_delta_weight("default").float()).to(
+            torch.bfloat16
+        )
+    assert torch.equal(dict(unit.weights())["conv.weight"], want)
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 3, dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
