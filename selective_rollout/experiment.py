@@ -1,6 +1,6 @@
 """A/B experiments: arms x seeds on identical task streams, with paired bootstrap CIs (the top layer).
 
-    python -m selective_rollout.experiment --config configs/ab_cpu.yaml [--out DIR]
+    python -m selective_rollout.experiment --config configs/ab_cpu.yaml [--out DIR] [--tiny] [--dry-run]
 
 Every arm is a full training run (the driver, in this process, over one Ray cluster) from the
 same base config plus the arm's overrides. For a given seed every arm sees the same task
@@ -10,6 +10,10 @@ seed), ``experiment.md`` (per-arm means; per pair the mean difference with a 95%
 seeds, the paper's protocol; the held-out change pooled over seeds, its CI over tasks) and
 ``experiment.png``; then pools every arm's rollouts for the offline K x tau gate sweep
 (``sweep/gate_eval.csv`` and ``sweep/gate_pareto.png``).
+
+``--tiny`` trains every arm on the first seed at the smallest size (``TINY_RUN``) and writes the
+same outputs in minutes; ``--dry-run`` builds and validates every run's config and trains nothing.
+CI runs both (tests/bench), so that an experiment's command cannot silently stop working.
 """
 
 from __future__ import annotations
@@ -72,6 +76,29 @@ POOLED = {
 }
 # What an informative group costs: the gate's saving, measured where it is spent
 COST_METRICS = ("step_tokens_per_informative", "rollout_s_per_informative")
+# The smallest run that still plays every part of an iteration (a rollout, a learner step, a
+# weight sync, the held-out evaluation before and after): tiny games generated wherever
+# env.games_dir points, one group of G = 2, no warm start, one held-out task, one iteration. The
+# episodes keep the profile's length: a gate or trajectory stop decides at its own step, which a
+# shorter episode would refuse (the gate would never look).
+# The runner's --tiny mode and the bench scripts' run it, and CI runs those (tests/bench), so a
+# command a record names cannot silently stop working; its figures mean nothing.
+TINY_RUN = [
+    "env.preset=tiny",
+    "env.generate=true",
+    "env.n_train=6",
+    "env.n_valid=2",
+    "env.num_workers=1",
+    "rollout.group_size=2",
+    "rollout.groups_per_iteration=1",
+    "rollout.max_groups_in_flight=1",
+    "warm_start.enabled=false",
+    "eval.num_tasks=1",
+    "eval.tries=1",
+    "driver.iterations=1",
+    "logging.backends=[jsonl]",
+    "logging.progress=false",
+]
 
 
 class SweepSpec(BaseModel):
@@ -177,6 +204,27 @@ def load_experiment(path: str | Path) -> tuple[ExperimentConfig, Path]:
     if not base.is_file():
         raise ConfigError(f"{path}: base config {exp.base} not found")
     return exp, base
+
+
+def tiny_experiment(exp: ExperimentConfig, games_dir: Path) -> ExperimentConfig:
+    """``--tiny``: ``exp`` at the smallest size that still trains every arm and writes every
+    output: its first seed, each arm's overrides followed by ``TINY_RUN`` (an arm's own sizes
+    shrink too) with the games generated into ``games_dir``, no gate memory (it needs two seeds:
+    a gate with memory starts empty), the fewest bootstrap resamples the schema allows and a
+    two-point sweep. What CI runs so that the experiment's command keeps working; the figures
+    mean nothing."""
+    tiny = [*TINY_RUN, f"env.games_dir={games_dir}"]
+    small = exp.model_copy(
+        update={
+            "seeds": exp.seeds[:1],
+            "arms": {arm: [*overrides, *tiny] for arm, overrides in exp.arms.items()},
+            "gate_memory": {},
+            "bootstrap": 100,
+            "sweep": None if exp.sweep is None else SweepSpec(k=[2], tau="0.1,0.3"),
+        }
+    )
+    small._layers = exp._layers
+    return small
 
 
 def run_arm(
@@ -707,11 +755,14 @@ def pooled_sweep(out: Path, sweep: SweepSpec, run_dirs: list[Path]) -> None:
     gate_evaluate(["--rollouts", str(pooled), "--out", str(out / "sweep"), "--k", ks, "--tau", sweep.tau])
 
 
-def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list[list[str]]:
+def run_overrides(
+    exp: ExperimentConfig, out: Path, arm: str, seed: int, written_memory_only: bool = False
+) -> list[list[str]]:
     """The overrides of ``arm`` on ``seed``, as layers (``load_config``'s): the experiment's, then
     the arm's with its gate memory (the logs of its ``gate_memory`` arms on every other seed), the
     seed and the run folder. An arm that selects another entry (``gate.name=any``) so replaces the
-    shared overrides' keys of the one it replaces."""
+    shared overrides' keys of the one it replaces. ``written_memory_only``: leave out the memory
+    logs not written yet (a dry run, before the arms that write them have run)."""
     run_dir = out / f"{arm}-s{seed}"
     memory = [
         str(out / f"{src}-s{other}" / "rollouts.jsonl")
@@ -719,6 +770,8 @@ def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list
         for other in exp.seeds
         if other != seed
     ]
+    if written_memory_only:
+        memory = [path for path in memory if Path(path).is_file()]
     return [
         *exp.layers(),
         [
@@ -732,9 +785,37 @@ def run_overrides(exp: ExperimentConfig, out: Path, arm: str, seed: int) -> list
     ]
 
 
-def run_experiment(path: str | Path, out: Path | None = None) -> Path:
+def prepare(path: str | Path, out: Path | None, tiny: bool) -> tuple[ExperimentConfig, Path, Path]:
+    """The experiment file loaded (shrunk by ``tiny_experiment`` with ``tiny``), its base run
+    config and its output folder: ``out``, else ``runs/experiment-<name>`` (``-tiny`` appended
+    with ``tiny``, so a tiny run never meets the real experiment's runs)."""
     exp, base = load_experiment(path)
-    out = out or Path("runs") / f"experiment-{exp.name}"
+    out = out or Path("runs") / f"experiment-{exp.name}{'-tiny' if tiny else ''}"
+    return (tiny_experiment(exp, out / "games") if tiny else exp), base, out
+
+
+def plan_experiment(path: str | Path, out: Path | None = None, tiny: bool = False) -> list[str]:
+    """``--dry-run``: one line per run the experiment would train, each run's config built and
+    validated as the run builds it; nothing is trained or written. A gate memory's logs that its
+    earlier arms have not written yet are left out of the config checked."""
+    exp, base, out = prepare(path, out, tiny)
+    lines = []
+    for arm in exp.arms:
+        for seed in exp.seeds:
+            cfg = load_config(base, layers=run_overrides(exp, out, arm, seed, written_memory_only=True))
+            rc = cfg.rollout
+            lines.append(
+                f"{cfg.name}: {cfg.driver.iterations} iteration(s) of {rc.groups_per_iteration} groups of "
+                f"G = {rc.group_size}, {rc.max_steps} steps, {cfg.env.name} {cfg.env.model_extra or {}} "
+                f"({cfg.env.n_train} train games), strategy {rc.strategy}, gate {cfg.gate.name}, "
+                f"{cfg.eval.num_tasks} held-out tasks x {cfg.eval.tries} -> {cfg.driver.run_dir}"
+            )
+    return lines
+
+
+def run_experiment(path: str | Path, out: Path | None = None, tiny: bool = False) -> Path:
+    """Every arm on every seed, then the outputs (the module's doc); returns experiment.md."""
+    exp, base, out = prepare(path, out, tiny)
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
     evals_by_arm: dict[str, dict[int, dict[str, Any]]] = {}
@@ -778,10 +859,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/ab_cpu.yaml")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="every arm on the first seed at the smallest size (tiny games, G = 2, one iteration; "
+        "default folder runs/experiment-<name>-tiny): checks the command works, in minutes",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build and validate every run's config, print one line per run, train nothing",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        report = run_experiment(args.config, args.out)
+        if args.dry_run:
+            print("\n".join(plan_experiment(args.config, args.out, args.tiny)))
+            return 0
+        report = run_experiment(args.config, args.out, args.tiny)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
