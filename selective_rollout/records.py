@@ -60,7 +60,7 @@ class Outcome(str, Enum):
     def trains(self, zero_variance: bool | None) -> bool:
         """Whether a group with this outcome reaches the learner: kept whole, or audited and
         informative (a false stop that the audit ran to the end is an informative group like any
-        other). One rule for the rollout's batch (``rollout.lifecycle``) and a logged group
+        other). One rule for the rollout's batch (``selective_rollout.lifecycle``) and a logged group
         (``GroupRecord.trained_on``), so the two never disagree."""
         if self is Outcome.AUDITED:
             return zero_variance is False

@@ -19,7 +19,7 @@ PLUGIN = textwrap.dedent(
     import torch
     from pydantic import Field
 
-    from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState
+    from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupView
     from selective_rollout.rollout.strategies import Strategy
     from selective_rollout.trainer.losses.policy import PolicyLoss
 
@@ -33,7 +33,7 @@ PLUGIN = textwrap.dedent(
 
         Params = EveryOtherParams
 
-        def decide(self, group: GroupState) -> GateDecision:
+        def decide(self, group: GroupView) -> GateDecision:
             return GateDecision(group.step % self.params.every == 0, "toy")
 
 
@@ -70,7 +70,7 @@ CHECK = textwrap.dedent(
     """
     import torch
     from selective_rollout.config import load_config
-    from selective_rollout.gate.base import GroupState
+    from selective_rollout.gate.base import GroupView
     from selective_rollout.plugins import GATES, POLICY_LOSSES, STRATEGIES
 
     cfg = load_config(
@@ -79,8 +79,8 @@ CHECK = textwrap.dedent(
          "trainer.policy_loss=toy_reinforce", "trainer.toy_scale=2.0"],
     )
     gate = cfg.gate.build()
-    assert gate.decide(GroupState([["a"], ["b"]], step=3)).stop
-    assert not gate.decide(GroupState([["a"], ["b"]], step=4)).stop
+    assert gate.decide(GroupView([["a"], ["b"]], step=3)).stop
+    assert not gate.decide(GroupView([["a"], ["b"]], step=4)).stop
     assert cfg.rollout.uses_gate and cfg.rollout.build(seed=0).keep(True)
     loss = POLICY_LOSSES.build(cfg.trainer.policy_loss, cfg.trainer)
     out, _ = loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))

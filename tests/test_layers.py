@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "selective_rollout"
 # The floor of every module, by the longest dotted prefix that names it.
 FLOORS = {
     "records": 1,
+    "lifecycle": 1,  # a group's phases: runs, replay and LiveGroup drive it
     "registry": 1,
     "plugins": 1,
     "stats": 1,

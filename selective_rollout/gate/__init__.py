@@ -11,7 +11,7 @@ from selective_rollout.gate.base import (
     Gate,
     GateDecision,
     GateParams,
-    GroupState,
+    GroupView,
     NoGate,
     OracleGate,
     build_gate,
@@ -19,6 +19,7 @@ from selective_rollout.gate.base import (
     gate_class,
     register_gate,
 )
+from selective_rollout.gate.base import __getattr__ as __getattr__  # GroupView's former name
 from selective_rollout.gate.distance import END, levenshtein_c, levenshtein_py, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.history import (
@@ -40,7 +41,7 @@ __all__ = [
     "GateDecision",
     "GateParams",
     "GateWatch",
-    "GroupState",
+    "GroupView",
     "HistoryGate",
     "LearnedGate",
     "NoGate",

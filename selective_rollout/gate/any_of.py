@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState, build_gate
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupView, build_gate
 from selective_rollout.gate.calibration import calibrated_params, meets
 from selective_rollout.plugins import GATES
 from selective_rollout.records import GroupRecord
@@ -104,7 +104,7 @@ class AnyGate(Gate):
     def should_check(self, step: int) -> bool:
         return any(gate.should_check(step) for gate in self.gates)
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         features: dict[str, float] = {}
         reasons = []
         for label, gate in zip(self.labels, self.gates, strict=True):

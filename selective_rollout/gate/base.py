@@ -10,6 +10,7 @@ parameters of its own, plus one line in ``selective_rollout/plugins.py`` (docs/g
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ class GateDecision:
 
 
 @dataclass
-class GroupState:
+class GroupView:
     """What a gate may look at: the group's actions so far, which trajectories ended, the step,
     and the task it plays (``task_id``, and its family ``task_type`` such as ALFWorld's
     ``pick_and_place``; None where the runner does not know them).
@@ -182,7 +183,7 @@ class Gate:
         """True at the steps where the coordinator must ask :meth:`decide`."""
         return step in self.decision_steps if self.mode == "at_k" else step >= self.k
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         raise NotImplementedError
 
     def observe(self, record: GroupRecord) -> None:
@@ -210,7 +211,7 @@ class NoGate(Gate):
     def should_check(self, step: int) -> bool:
         return False
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         return GateDecision(False, "no gate")
 
 
@@ -219,7 +220,7 @@ class OracleGate(Gate):
 
     offline_only = True
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         if group.final_rewards is None:
             raise ValueError("the oracle gate needs final rewards; it exists for offline evaluation only")
         stop = rewards_equal(group.final_rewards)
@@ -227,6 +228,19 @@ class OracleGate(Gate):
         return GateDecision(stop, "zero variance" if stop else "mixed rewards", {"reward_spread": spread})
 
 
-def features_at(group: GroupState) -> dict[str, float]:
+def features_at(group: GroupView) -> dict[str, float]:
     """All divergence features of the group at its current step (for logging)."""
     return divergence_features(group.actions, group.step, group.ended)
+
+
+def __getattr__(name: str) -> Any:
+    """``GroupState``, the gate's snapshot under its former name, for one more release: gates
+    written against it keep working and are told the new name once."""
+    if name == "GroupState":
+        warnings.warn(
+            "selective_rollout.gate.GroupState is now GroupView; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return GroupView
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

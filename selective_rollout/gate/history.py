@@ -25,7 +25,7 @@ history (the audit does this too, but stops auditing once the gate's precision i
 
 It learns through ``Gate.observe`` (the coordinator calls it for every finished group; the
 held-out evaluation replays logs in order, so it only sees earlier groups), and needs the task id
-and type in the ``GroupState`` (``GateWatch(task_id=..., task_type=...)``); without them it is the
+and type in the ``GroupView`` (``GateWatch(task_id=..., task_type=...)``); without them it is the
 plain gate.
 """
 
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupView
 from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.snapshot import whole_distance
 from selective_rollout.records import GroupRecord
@@ -145,7 +145,7 @@ class HistoryGate(Gate):
             return None
         return sum(window) / len(window)
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         decision = self._decide(group)
         d = decision.features["prefix_edit_distance"]
         if not decision.stop or d < self.params.tau or not self.params.recheck_every:
@@ -159,7 +159,7 @@ class HistoryGate(Gate):
             False, f"{decision.reason}; rechecked: runs on to renew the history", decision.features
         )
 
-    def _decide(self, group: GroupState) -> GateDecision:
+    def _decide(self, group: GroupView) -> GateDecision:
         p, step = self.params, group.step
         d = group.distance(step)
         self.asked += 1

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, PrivateAttr, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupView
 from selective_rollout.gate.calibration import meets
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.snapshot import labelled, live_after, state_at
@@ -34,7 +34,7 @@ FORMAT = "selective-rollout/learned-gate"
 VERSION = 1
 
 # what the gate can compute online at any decision step (observation_unique_ratio needs the
-# observations, which a GroupState does not carry); "step" is the decision step itself
+# observations, which a GroupView does not carry); "step" is the decision step itself
 FEATURES = (
     "prefix_edit_distance",
     "unique_prefix_ratio",
@@ -46,7 +46,7 @@ FEATURES = (
 )
 
 
-def decision_features(group: GroupState) -> dict[str, float]:
+def decision_features(group: GroupView) -> dict[str, float]:
     """The learned gate's inputs: every divergence feature at the group's step, and the step."""
     return {**divergence_features(group.actions, group.step, group.ended), "step": float(group.step)}
 
@@ -316,7 +316,7 @@ class LearnedGate(Gate):
     def p_stop(self) -> float:
         return self.model.threshold if self.params.p_stop is None else self.params.p_stop
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         values = decision_features(group)
         p = self.model.probability(values)
         stop = p >= self.p_stop

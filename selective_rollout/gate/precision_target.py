@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupView
 from selective_rollout.gate.snapshot import whole_distance
 from selective_rollout.records import GroupRecord
 from selective_rollout.stats import clopper_pearson
@@ -63,7 +63,7 @@ class PrecisionTargetGate(Gate):
         self.labelled: list[tuple[float, bool]] = []  # (D_K, zero variance), sorted by D_K
         self.trajectory: list[tuple[int, float]] = [(0, self.tau)]  # (labelled groups, tau) at each change
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         d = group.distance(group.step)
         stop = d < self.tau
         op = "<" if stop else ">="

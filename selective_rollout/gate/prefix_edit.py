@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState
+from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupView
 
 
 class PrefixEditParams(GateParams):
@@ -19,7 +19,7 @@ class PrefixEditGate(Gate):
     threshold = "tau"
     params: PrefixEditParams
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         tau = self.params.tau
         d = group.distance(group.step)
         stop = d < tau

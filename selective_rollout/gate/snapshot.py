@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from selective_rollout.gate.base import GroupState
+from selective_rollout.gate.base import GroupView
 from selective_rollout.gate.distance import prefix_edit_distance
 from selective_rollout.records import GroupRecord
 
@@ -58,14 +58,14 @@ def live_after(record: GroupRecord, step: int) -> bool:
     return any(len(t.steps) > step for t in record.trajectories)
 
 
-def state_at(record: GroupRecord, step: int, with_rewards: bool = False) -> GroupState:
+def state_at(record: GroupRecord, step: int, with_rewards: bool = False) -> GroupView:
     """The group as a run's gate sees it once every live trajectory has ``step`` actions: the
     first ``step`` actions each, a trajectory whose log ends by then marked ended."""
     return memo(record, ("state", step, with_rewards), lambda: _state_at(record, step, with_rewards))
 
 
-def _state_at(record: GroupRecord, step: int, with_rewards: bool) -> GroupState:
-    return GroupState(
+def _state_at(record: GroupRecord, step: int, with_rewards: bool) -> GroupView:
+    return GroupView(
         [t.actions[:step] for t in record.trajectories],
         step=step,
         ended=[len(t.steps) <= step for t in record.trajectories],

@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupState
+from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupView
 from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.features import termination_frac
 from selective_rollout.gate.online_step import OnlineStep
@@ -111,7 +111,7 @@ class StalledGate(Gate):
     def metrics(self) -> dict[str, float]:
         return self.online.metrics() if self.online is not None else {}
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         frac = termination_frac(group.actions, group.step, group.ended)
         limit = self.params.max_finished_frac
         features = {"termination_frac": frac}

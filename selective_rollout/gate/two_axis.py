@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupState
+from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupView
 from selective_rollout.gate.features import termination_frac
 
 
@@ -21,7 +21,7 @@ class TwoAxisGate(Gate):
     threshold = "d_low"
     params: TwoAxisParams
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         d_low, t_high = self.params.d_low, self.params.t_high
         d = group.distance(group.step)
         term_frac = termination_frac(group.actions, group.step, group.ended)

@@ -11,7 +11,7 @@ trainer's cuts and the inference loop's cuts at the same steps for the same acti
 
 from __future__ import annotations
 
-from selective_rollout.gate.base import Gate, GroupState, features_at
+from selective_rollout.gate.base import Gate, GroupView, features_at
 from selective_rollout.gate.tracker import DivergenceTracker
 from selective_rollout.records import GateRecord
 
@@ -21,7 +21,7 @@ class GateWatch:
 
     ``describe`` adds every divergence feature at the decided step to the recorded decision (what
     ``rollouts.jsonl`` logs); without it the decision carries the gate's own features only, which
-    is all a cut needs. ``task_id`` and ``task_type`` reach the gate in every ``GroupState`` (a
+    is all a cut needs. ``task_id`` and ``task_type`` reach the gate in every ``GroupView`` (a
     history gate looks the task's, and its type's, earlier groups up by them).
     """
 
@@ -93,7 +93,7 @@ class GateWatch:
             step = self._asked_through
             if not self.gate.should_check(step):
                 continue
-            state = GroupState(
+            state = GroupView(
                 self.actions,
                 step=step,
                 ended=list(self.ended),

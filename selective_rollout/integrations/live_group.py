@@ -6,7 +6,9 @@ reports its environment actions, and the gate is asked at step s as soon as each
 has taken s actions, with no barrier, so fast samples never wait for slow ones (the schedule is
 ``gate.GateWatch``'s, the same as the coordinator's groups follow). When the gate
 fires, samples are cut (all of them for training, all but ``survivors`` for inference) and a
-cut sample's pending generation is cancelled, which in vLLM aborts the request.
+cut sample's pending generation is cancelled, which in vLLM aborts the request. The group's fate
+is its ``GroupLifecycle`` (``selective_rollout.lifecycle``), the one the coordinator's groups
+settle through: a stop here is acted on at once (CUT, never audited).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from selective_rollout.gate import Gate, GateWatch
+from selective_rollout.lifecycle import GroupLifecycle
 from selective_rollout.records import GateRecord
 
 T = TypeVar("T")
@@ -32,6 +35,7 @@ class LiveGroup:
             raise ValueError(f"survivors must be in [0, G-1] = [0, {g - 1}], got {survivors}")
         self.gate, self.g, self.survivors = gate, g, survivors
         self.watch = GateWatch(gate, g)
+        self.life = GroupLifecycle()
         self.cut = [False] * g
         self.aborted = [False] * g  # a cut sample whose request was in flight, and so cancelled
         self._cut_events = [asyncio.Event() for _ in range(g)]
@@ -46,7 +50,7 @@ class LiveGroup:
 
     @property
     def fired(self) -> bool:
-        return self.watch.fired
+        return self.life.stopped
 
     @property
     def decision(self) -> GateRecord | None:
@@ -64,11 +68,15 @@ class LiveGroup:
     def end(self, i: int) -> None:
         """Sample i is over (finished, truncated or cut); it is END-padded from now on."""
         self._cut_if(self.watch.end(i))
+        if all(self.ended):
+            self.life.trajectories_ended()
 
     def _cut_if(self, stop: GateRecord | None) -> None:
         """Cut the samples still live when the gate fired, keeping the first ``survivors``."""
         if stop is None:
             return
+        self.life.gate_fired()
+        self.life.audit_decided(audit=False)
         live = [i for i in range(self.g) if not self.ended[i]]
         for i in live[self.survivors :]:
             self.cut[i] = True

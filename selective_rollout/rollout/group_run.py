@@ -4,7 +4,7 @@ The group is where the gate meets the trajectories. After every step of any traj
 the action to its ``GateWatch`` (gate/watch.py), which keeps the incremental tracker and asks
 the gate when its schedule says so (in ``at_k`` mode: once every live trajectory has K actions,
 ended ones END-padded), exactly as the integrations' ``LiveGroup`` does. What follows is the
-group's lifecycle (rollout/lifecycle.py): a stop cuts the group, an audited stop lets it run on in
+group's lifecycle (selective_rollout/lifecycle.py): a stop cuts the group, an audited stop lets it run on in
 shadow, and the state it ends in settles its record and whether the learner gets it.
 
 Before the watch hears of a step, the run's trajectory stop rule (selective_rollout.trajectory_stop)
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from selective_rollout.gate import Gate, GateWatch
 from selective_rollout.gate.audit import AuditBudget
+from selective_rollout.lifecycle import GroupLifecycle, Verdict
 from selective_rollout.records import (
     Experience,
     GateRecord,
@@ -35,7 +36,6 @@ from selective_rollout.records import (
     TrajectoryStatus,
     TrajectoryStop,
 )
-from selective_rollout.rollout.lifecycle import GroupLifecycle, Verdict
 from selective_rollout.trajectory_stop import NoStop, TrajectoryRule, TrajectoryView
 from selective_rollout.trajectory_stop.audit import StopAudits
 

@@ -54,7 +54,7 @@ class Strategy:
 
     def keep(self, zero_variance: bool) -> bool:
         """Keep a group that finished without a stop for training? (False: it is FILTERED.) Asked
-        once per such group, by its lifecycle (``rollout.lifecycle``); cut, audited and failed
+        once per such group, by its lifecycle (``selective_rollout.lifecycle``); cut, audited and failed
         groups are not the strategy's to keep."""
         return not (self.filters_zero_variance and zero_variance)
 

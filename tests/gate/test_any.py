@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from selective_rollout.config import ConfigError, dump_config, load_config
-from selective_rollout.gate import GroupState, build_gate
+from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.any_of import AnyGate
 from selective_rollout.gate.offline.replay import ReplayCalibration, replay, summarize
 from tests.gate.synthetic import converged, divergent, group
@@ -34,12 +34,12 @@ def test_each_member_is_asked_at_its_own_steps_and_the_first_stop_wins() -> None
     gate = build_gate("any", members=MEMBERS)
     assert gate.k == 3 and gate.decision_steps == [3, 6]
     assert gate.should_check(3) and gate.should_check(6) and not gate.should_check(4)
-    converged_at_3 = gate.decide(GroupState([LONG[:3]] * 4, step=3, ended=[False] * 4))
+    converged_at_3 = gate.decide(GroupView([LONG[:3]] * 4, step=3, ended=[False] * 4))
     assert converged_at_3.stop and converged_at_3.reason.startswith("prefix_edit:")
     wandering = [[f"t{i}-{s}" for s in range(6)] for i in range(4)]
-    at_3 = gate.decide(GroupState([a[:3] for a in wandering], step=3, ended=[False] * 4))
+    at_3 = gate.decide(GroupView([a[:3] for a in wandering], step=3, ended=[False] * 4))
     assert not at_3.stop and "prefix_edit" in at_3.reason and "stalled" not in at_3.reason
-    at_6 = gate.decide(GroupState(wandering, step=6, ended=[False] * 4))
+    at_6 = gate.decide(GroupView(wandering, step=6, ended=[False] * 4))
     assert at_6.stop and at_6.reason.startswith("stalled:")
 
 

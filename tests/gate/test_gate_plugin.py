@@ -8,7 +8,7 @@ from pydantic import Field
 
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
-from selective_rollout.gate import GATES, Gate, GateDecision, GateParams, GroupState, register_gate
+from selective_rollout.gate import GATES, Gate, GateDecision, GateParams, GroupView, register_gate
 from selective_rollout.gate.offline.evaluate import main as evaluate
 from tests.gate.test_evaluate import write_example
 
@@ -25,7 +25,7 @@ class StopAtStep(Gate):
     Params = StopAtStepParams
     params: StopAtStepParams
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         stop = group.step >= self.params.min_step
         return GateDecision(stop, f"step {group.step} vs min_step={self.params.min_step}")
 
@@ -71,8 +71,8 @@ def test_the_coordinator_builds_the_toy_from_the_config_and_it_decides(toy_gate)
     gate = cfg.gate.build()  # GroupCoordinator.__init__ builds its gate this way
     assert isinstance(gate, StopAtStep) and gate.params.min_step == 3
     actions = [["go to sink 1", "look", "open drawer 1"], ["go to desk 1", "look", "take pen 1"]]
-    assert gate.should_check(2) and not gate.decide(GroupState(actions, step=2)).stop
-    assert gate.should_check(3) and gate.decide(GroupState(actions, step=3)).stop
+    assert gate.should_check(2) and not gate.decide(GroupView(actions, step=2)).stop
+    assert gate.should_check(3) and gate.decide(GroupView(actions, step=3)).stop
 
 
 def test_the_offline_evaluator_runs_the_toy(toy_gate, tmp_path):

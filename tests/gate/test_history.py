@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from selective_rollout.gate import GroupState, build_gate
+from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.offline.replay import ReplayCalibration, as_recorded, replay, summarize
 from selective_rollout.records import GateRecord
 from tests.gate.synthetic import converged, divergent, mixed_log, partly, typed_log
@@ -13,8 +13,8 @@ from tests.gate.synthetic import converged, divergent, mixed_log, partly, typed_
 STATE = [[f"a{s}" if s < 2 else f"t{i}-a{s}" for s in range(3)] for i in range(4)]
 
 
-def _state(task: str | None = "t", task_type: str | None = "pick") -> GroupState:
-    return GroupState(STATE, step=3, task_id=task, task_type=task_type)
+def _state(task: str | None = "t", task_type: str | None = "pick") -> GroupView:
+    return GroupView(STATE, step=3, task_id=task, task_type=task_type)
 
 
 def _gate(**kw):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from selective_rollout.config import ConfigError, load_config
-from selective_rollout.gate import GroupState, build_gate
+from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.learned import FEATURES, LearnedModel, fit_model
 from selective_rollout.gate.offline.fit import main
 from selective_rollout.gate.offline.replay import replay, summarize
@@ -39,14 +39,14 @@ def test_fit_learns_that_converged_groups_are_zero_variance(model_file) -> None:
     assert model.features == list(FEATURES) and model.k == 3 and model.steps == []
     assert model.info["reached_target"] and model.info["fit_precision"] >= 0.9
     gate = build_gate("learned", k=3, model_path=str(model_file))
-    same = gate.decide(GroupState([["a", "b", "c"]] * 4, step=3))
-    apart = gate.decide(GroupState([[f"{i}a", f"{i}b", f"{i}c"] for i in range(4)], step=3))
+    same = gate.decide(GroupView([["a", "b", "c"]] * 4, step=3))
+    apart = gate.decide(GroupView([[f"{i}a", f"{i}b", f"{i}c"] for i in range(4)], step=3))
     assert same.stop and not apart.stop
     assert same.features["p_zero_variance"] > 0.9 > apart.features["p_zero_variance"]
     # the threshold is a parameter: above every probability the gate never stops
     assert (
         not build_gate("learned", k=3, model_path=str(model_file), p_stop=1.0)
-        .decide(GroupState([["a", "b", "c"]] * 4, step=3))
+        .decide(GroupView([["a", "b", "c"]] * 4, step=3))
         .stop
     )
 
@@ -59,7 +59,7 @@ def test_decisions_follow_the_weights(model_file, tmp_path) -> None:
     flipped = tmp_path / "flipped.json"
     flipped.write_text(json.dumps(data))
     gate = build_gate("learned", k=3, model_path=str(flipped))
-    assert not gate.decide(GroupState([["a", "b", "c"]] * 4, step=3)).stop
+    assert not gate.decide(GroupView([["a", "b", "c"]] * 4, step=3)).stop
 
 
 def test_model_file_errors_are_one_clear_line(model_file, tmp_path) -> None:

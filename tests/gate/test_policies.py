@@ -7,7 +7,7 @@ from selective_rollout.gate import (
     DivergenceTracker,
     Gate,
     GateDecision,
-    GroupState,
+    GroupView,
     NoGate,
     OracleGate,
     PrefixEditGate,
@@ -22,12 +22,12 @@ DIVERGENT = [["search(query)"], ["lookup(item)"], ["finish(answer)"]]
 
 def test_identical_prefixes_fire_at_small_tau():
     gate = PrefixEditGate(k=3, tau=0.05)
-    d = gate.decide(GroupState(CONVERGED, step=3))
+    d = gate.decide(GroupView(CONVERGED, step=3))
     assert d.stop and d.features["prefix_edit_distance"] == 0.0
 
 
 def test_divergent_group_does_not_fire():
-    d = PrefixEditGate(k=1, tau=0.12).decide(GroupState(DIVERGENT, step=1))
+    d = PrefixEditGate(k=1, tau=0.12).decide(GroupView(DIVERGENT, step=1))
     assert not d.stop and d.features["prefix_edit_distance"] > 0.5
 
 
@@ -43,21 +43,21 @@ def test_two_axis_or_rule():
     gate = TwoAxisGate(k=2, d_low=0.05, t_high=0.75)
     # divergent but 3 of 4 already ended by step 2 -> stops on the termination axis
     seqs = [["a"], ["b"], ["c"], ["d", "e"]]
-    d = gate.decide(GroupState(seqs, step=2, ended=[True, True, True, False]))
+    d = gate.decide(GroupView(seqs, step=2, ended=[True, True, True, False]))
     assert d.stop and "terminated" in d.reason
     # divergent and alive -> goes on
-    d = gate.decide(GroupState([["a", "b"], ["c", "d"]], step=2, ended=[False, False]))
+    d = gate.decide(GroupView([["a", "b"], ["c", "d"]], step=2, ended=[False, False]))
     assert not d.stop
     # converged -> stops on the distance axis
-    assert gate.decide(GroupState([["a", "b"]] * 3, step=2)).stop
+    assert gate.decide(GroupView([["a", "b"]] * 3, step=2)).stop
 
 
 def test_oracle_uses_final_rewards_only():
     gate = OracleGate(k=5)
-    assert gate.decide(GroupState(DIVERGENT, step=5, final_rewards=[0, 0, 0])).stop
-    assert not gate.decide(GroupState(CONVERGED, step=5, final_rewards=[1] + [0] * 7)).stop
+    assert gate.decide(GroupView(DIVERGENT, step=5, final_rewards=[0, 0, 0])).stop
+    assert not gate.decide(GroupView(CONVERGED, step=5, final_rewards=[1] + [0] * 7)).stop
     with pytest.raises(ValueError, match="offline evaluation"):
-        gate.decide(GroupState(CONVERGED, step=5))
+        gate.decide(GroupView(CONVERGED, step=5))
 
 
 def test_tracker_and_batch_agree_in_decide():
@@ -67,8 +67,8 @@ def test_tracker_and_batch_agree_in_decide():
         for a in s:
             tracker.append(i, a)
     gate = PrefixEditGate(k=2, tau=0.5)
-    with_tracker = gate.decide(GroupState(seqs, step=2, ended=[False] * 3, tracker=tracker))
-    without = gate.decide(GroupState(seqs, step=2, ended=[False] * 3))
+    with_tracker = gate.decide(GroupView(seqs, step=2, ended=[False] * 3, tracker=tracker))
+    without = gate.decide(GroupView(seqs, step=2, ended=[False] * 3))
     assert with_tracker == without
 
 
@@ -81,7 +81,7 @@ def test_tracker_and_batch_agree_in_decide():
         (lambda: PrefixEditGate(k=10, tau=0.1, mode="sometimes"), "mode"),
         (lambda: TwoAxisGate(k=10, d_low=0.1, t_high=2.0), "t_high"),
         (lambda: build_gate("nope"), "unknown gate 'nope'"),
-        (lambda: GroupState([["a"]], step=1), "G >= 2"),
+        (lambda: GroupView([["a"]], step=1), "G >= 2"),
     ],
 )
 def test_bad_parameters_get_clear_errors(factory, match):
@@ -94,11 +94,11 @@ def test_registry_makes_a_new_gate_one_class():
 
     @register_gate("always_test_only")
     class Always(Gate):
-        def decide(self, group: GroupState) -> GateDecision:
+        def decide(self, group: GroupView) -> GateDecision:
             return GateDecision(True, "always")
 
     try:
-        assert build_gate("always_test_only").decide(GroupState(DIVERGENT, step=1)).stop
+        assert build_gate("always_test_only").decide(GroupView(DIVERGENT, step=1)).stop
         with pytest.raises(ValueError, match="registered twice"):
             register_gate("always_test_only")(Always)
     finally:
@@ -122,3 +122,12 @@ def test_observe_and_metrics_default_to_nothing() -> None:
         gate = build_gate(name)
         gate.observe(GroupRecord("g", "t", "x", []))
         assert gate.metrics() == {}
+
+
+def test_the_former_name_of_the_gate_snapshot_still_imports_with_a_deprecation() -> None:
+    import selective_rollout.gate as gate_package
+    from selective_rollout.gate import GroupView, base
+
+    for module in (gate_package, base):
+        with pytest.warns(DeprecationWarning, match="GroupState is now GroupView"):
+            assert module.GroupState is GroupView

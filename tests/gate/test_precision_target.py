@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from selective_rollout.gate import GroupState, build_gate
+from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.offline.replay import as_recorded
 from selective_rollout.records import GateRecord
 from selective_rollout.stats import clopper_pearson
@@ -15,13 +15,13 @@ STATE = [[f"a{s}" if s < 2 else f"t{i}-a{s}" for s in range(3)] for i in range(4
 
 def test_it_starts_closed_and_loosens_as_evidence_accumulates() -> None:
     gate = build_gate("precision_target", k=3, target=0.9, confidence=0.8)
-    assert gate.tau == 0.0 and not gate.decide(GroupState([["a"] * 3] * 4, step=3)).stop
+    assert gate.tau == 0.0 and not gate.decide(GroupView([["a"] * 3] * 4, step=3)).stop
     for i in range(30):
         gate.observe(partly(f"t{i}", [0] * 4, shared=2))  # D_3 = 1/3, zero-variance
         if i == 3:
             assert gate.tau == 0.0  # 4 of 4 is not yet enough for a 90% bound >= 0.9
     assert gate.tau == pytest.approx(1 / 3, abs=1e-5)
-    assert gate.decide(GroupState(STATE, step=3)).stop
+    assert gate.decide(GroupView(STATE, step=3)).stop
     m = gate.metrics()
     assert m["tau_labelled"] == 30 and m["tau_precision_low"] >= 0.9
     assert m["tau_precision_low"] == pytest.approx(clopper_pearson(30, 30, 0.8)[0])

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from selective_rollout.gate import GateDecision, GroupState, PrefixEditGate, build_gate
+from selective_rollout.gate import GateDecision, GroupView, PrefixEditGate, build_gate
 from selective_rollout.gate.calibration import best_params
 from selective_rollout.gate.offline.evaluate import EPS as EVALUATE_EPS
 from selective_rollout.gate.offline.evaluate import labelled_groups
@@ -23,10 +23,10 @@ class SpyGate(PrefixEditGate):
 
     def __init__(self, **params) -> None:
         super().__init__(**params)
-        self.shown: list[GroupState] = []
+        self.shown: list[GroupView] = []
         self.told = []
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         self.shown.append(group)
         return super().decide(group)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from selective_rollout.gate import GroupState, build_gate
+from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.offline.replay import ReplayCalibration
 from selective_rollout.gate.stalled import StalledGate
 from tests.gate.synthetic import group
@@ -12,10 +12,10 @@ from tests.gate.synthetic import group
 LONG = [f"a{s}" for s in range(10)]
 
 
-def _state(lengths: list[int], step: int = 6, ended: list[bool] | None = None) -> GroupState:
+def _state(lengths: list[int], step: int = 6, ended: list[bool] | None = None) -> GroupView:
     """A converged group whose trajectory i has taken ``lengths[i]`` actions (ended ones END-padded)."""
     acts = [LONG[:n] for n in lengths]
-    return GroupState(acts, step=step, ended=ended if ended is not None else [n < step for n in lengths])
+    return GroupView(acts, step=step, ended=ended if ended is not None else [n < step for n in lengths])
 
 
 def test_it_stops_a_group_none_of_which_has_finished_and_only_that() -> None:
@@ -42,8 +42,8 @@ def test_the_threshold_lets_a_few_finished_trajectories_stop_too_and_below_zero_
 def test_a_trajectory_that_ends_after_k_has_not_finished_by_k() -> None:
     """Offline (no end flags) a logged trajectory longer than K had not ended at K."""
     gate = build_gate("stalled", k=4)
-    assert gate.decide(GroupState([LONG[:8]] * 4, step=4)).stop
-    assert not gate.decide(GroupState([LONG[:4], *[LONG[:8]] * 3], step=4)).stop
+    assert gate.decide(GroupView([LONG[:8]] * 4, step=4)).stop
+    assert not gate.decide(GroupView([LONG[:4], *[LONG[:8]] * 3], step=4)).stop
 
 
 def _log(n: int, late_success: int, winner_at: int = 9) -> list:

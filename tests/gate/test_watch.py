@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from selective_rollout.gate import GateDecision, GateWatch, GroupState, PrefixEditGate, prefix_edit_distance
+from selective_rollout.gate import GateDecision, GateWatch, GroupView, PrefixEditGate, prefix_edit_distance
 
 
 class CountingGate(PrefixEditGate):
@@ -14,7 +14,7 @@ class CountingGate(PrefixEditGate):
         super().__init__(**params)
         self.asked: list[int] = []
 
-    def decide(self, group: GroupState) -> GateDecision:
+    def decide(self, group: GroupView) -> GateDecision:
         self.asked.append(group.step)
         return super().decide(group)
 
@@ -54,7 +54,7 @@ def test_trajectories_that_end_before_k_are_padded_and_a_group_over_before_k_is_
         for i in (1, 2):
             watch.act(i, "look" if s == 0 else "go")
     assert gate.asked == [3]
-    state = GroupState(
+    state = GroupView(
         [["look"], ["look", "go", "go"], ["look", "go", "go"]], step=3, ended=[True, False, False]
     )
     assert watch.decision.features["prefix_edit_distance"] == prefix_edit_distance(
@@ -93,7 +93,7 @@ def test_the_task_id_and_type_reach_the_gate() -> None:
     seen = []
 
     class TaskGate(PrefixEditGate):
-        def decide(self, group: GroupState) -> GateDecision:
+        def decide(self, group: GroupView) -> GateDecision:
             seen.append((group.task_id, group.task_type))
             return super().decide(group)
 

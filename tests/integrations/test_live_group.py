@@ -8,6 +8,8 @@ import pytest
 
 from selective_rollout.gate import build_gate
 from selective_rollout.integrations.live_group import LiveGroup
+from selective_rollout.lifecycle import GroupPhase
+from selective_rollout.records import Outcome
 
 
 def test_gate_is_asked_only_once_every_live_sample_reached_k() -> None:
@@ -19,6 +21,9 @@ def test_gate_is_asked_only_once_every_live_sample_reached_k() -> None:
     assert not group.fired  # sample 2 has one action: D_2 is not defined yet
     group.record(2, "look")
     assert group.fired and group.cut_step == 2 and group.cut == [True, True, True]
+    # the coordinator's lifecycle: a stop acted on at once, never audited, never trained on
+    assert group.life.trail == [GroupPhase.RUNNING, GroupPhase.AT_GATE, GroupPhase.CUT]
+    assert group.life.settle([0.0, 1.0, 0.0], keep=lambda zero: True).outcome is Outcome.CUT
 
 
 def test_ended_samples_are_padded_and_diverse_groups_run_on() -> None:
@@ -28,6 +33,9 @@ def test_ended_samples_are_padded_and_diverse_groups_run_on() -> None:
     group.record(1, "go to fridge 1")
     group.record(1, "open fridge 1")
     assert not group.fired and group.cut == [False, False]
+    assert group.life.phase is GroupPhase.RUNNING
+    group.end(1)
+    assert group.life.phase is GroupPhase.FINISHED and not group.fired
 
 
 def test_inference_keeps_survivors() -> None:

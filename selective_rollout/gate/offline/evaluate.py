@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import mannwhitneyu, spearmanr
 
-from selective_rollout.gate.base import Gate, GroupState, build_gate, gate_class
+from selective_rollout.gate.base import Gate, GroupView, build_gate, gate_class
 from selective_rollout.gate.distance import prefix_edit_distance
 from selective_rollout.records import GroupRecord, read_groups, rewards_equal
 from selective_rollout.stats import grpo_advantages
@@ -140,7 +140,7 @@ def evaluate_gate(gate: Gate, label: str, tau: float, groups: Sequence[LabelledG
     k = gate.k
     stops = [
         g.live_after(k)
-        and gate.decide(GroupState(g.actions, step=k, ended=g.ended, final_rewards=g.rewards)).stop
+        and gate.decide(GroupView(g.actions, step=k, ended=g.ended, final_rewards=g.rewards)).stop
         for g in groups
     ]
     zero = [g.zero_variance for g in groups]

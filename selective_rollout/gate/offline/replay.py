@@ -33,7 +33,8 @@ import numpy as np
 from selective_rollout.gate.audit import AuditBudget
 from selective_rollout.gate.base import Calibration, Gate
 from selective_rollout.gate.snapshot import labelled, live_after, memo, state_at, tokens_after
-from selective_rollout.records import GateRecord, GroupRecord, Outcome, Trajectory, TrajectoryStatus
+from selective_rollout.lifecycle import GroupLifecycle
+from selective_rollout.records import GateRecord, GroupRecord, Trajectory, TrajectoryStatus
 from selective_rollout.stats import grpo_advantages
 
 EPS = 1e-6  # the trainer's default advantage_eps (a test keeps them equal)
@@ -61,18 +62,25 @@ def ask(gate: Gate, record: GroupRecord) -> GateRecord | None:
 
 
 def as_recorded(record: GroupRecord, decision: GateRecord | None, audited: bool) -> GroupRecord:
-    """What the coordinator would have written for the group under this gate."""
-    if decision is None or not decision.stop:
-        return replace(record, outcome=Outcome.COMPLETED, gate=decision)
-    if audited:
-        return replace(record, outcome=Outcome.AUDITED, gate=decision)
+    """What the coordinator would have written for the labelled group under this gate: its
+    lifecycle driven as a run drives it (``selective_rollout.lifecycle``), a cut group truncated at
+    its gate step with its rewards unknown."""
+    life = GroupLifecycle()
+    if decision is not None and decision.stop:
+        life.gate_fired()
+        life.audit_decided(audited)
+    else:
+        life.trajectories_ended()
+    verdict = life.settle([t.reward for t in record.trajectories], keep=lambda zero_variance: True)
+    if not life.stopped:
+        return replace(record, outcome=verdict.outcome, gate=decision)
     cut = [
         Trajectory(
             t.index, list(t.steps[: decision.step]), reward=None, won=False, status=TrajectoryStatus.CUT
         )
         for t in record.trajectories
     ]
-    return replace(record, trajectories=cut, outcome=Outcome.CUT, gate=decision)
+    return replace(record, trajectories=cut, outcome=verdict.outcome, gate=decision)
 
 
 @dataclass(frozen=True)

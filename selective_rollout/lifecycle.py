@@ -1,5 +1,9 @@
 """The life of one group, and the one place where its fate is settled.
 
+Runs (``rollout.group_run``), the offline replay of a gate on logged groups
+(``gate.offline.replay``) and ``integrations.live_group`` (the gate inside other trainers' loops)
+all drive this one machine, so a group's outcome means the same wherever it was decided.
+
 A group starts RUNNING. When the gate fires it is AT_GATE, and the audit budget sends it on:
 CUT (stopped now) or AUDITED (run on in shadow to measure the gate's precision). A group the gate
 never stops is FINISHED once every trajectory has ended. A dead engine or env worker makes it
@@ -22,7 +26,7 @@ from enum import Enum
 from selective_rollout.records import Outcome, rewards_equal
 
 
-class GroupState(str, Enum):
+class GroupPhase(str, Enum):
     RUNNING = "running"
     AT_GATE = "at_gate"  # the gate fired; the audit budget decides between CUT and AUDITED
     CUT = "cut"  # stopped by the gate: its work is cancelled
@@ -31,18 +35,18 @@ class GroupState(str, Enum):
     FAILED = "failed"  # an engine or env worker died under it
 
 
-_MOVES: dict[GroupState, frozenset[GroupState]] = {
-    GroupState.RUNNING: frozenset({GroupState.AT_GATE, GroupState.FINISHED, GroupState.FAILED}),
-    GroupState.AT_GATE: frozenset({GroupState.CUT, GroupState.AUDITED}),
+_MOVES: dict[GroupPhase, frozenset[GroupPhase]] = {
+    GroupPhase.RUNNING: frozenset({GroupPhase.AT_GATE, GroupPhase.FINISHED, GroupPhase.FAILED}),
+    GroupPhase.AT_GATE: frozenset({GroupPhase.CUT, GroupPhase.AUDITED}),
     # a stopped group's other trajectories may still fail before they are cancelled
-    GroupState.CUT: frozenset({GroupState.FAILED}),
-    GroupState.AUDITED: frozenset({GroupState.FAILED}),
-    GroupState.FINISHED: frozenset(),
-    GroupState.FAILED: frozenset(),
+    GroupPhase.CUT: frozenset({GroupPhase.FAILED}),
+    GroupPhase.AUDITED: frozenset({GroupPhase.FAILED}),
+    GroupPhase.FINISHED: frozenset(),
+    GroupPhase.FAILED: frozenset(),
 }
 
 # the outcome of the states whose rewards are unknown (a finished or audited group's are read)
-_OUTCOME = {GroupState.CUT: Outcome.CUT, GroupState.FAILED: Outcome.FAILED}
+_OUTCOME = {GroupPhase.CUT: Outcome.CUT, GroupPhase.FAILED: Outcome.FAILED}
 
 
 @dataclass(frozen=True)
@@ -61,54 +65,54 @@ class GroupLifecycle:
     """One group's state, the states it went through and, once failed, why."""
 
     def __init__(self) -> None:
-        self.trail: list[GroupState] = [GroupState.RUNNING]
+        self.trail: list[GroupPhase] = [GroupPhase.RUNNING]
         self.failure: str | None = None
 
     @property
-    def state(self) -> GroupState:
+    def phase(self) -> GroupPhase:
         return self.trail[-1]
 
     @property
     def stopped(self) -> bool:
         """The gate cut the group: every trajectory stops now."""
-        return self.state is GroupState.CUT
+        return self.phase is GroupPhase.CUT
 
     @property
     def audit_chosen(self) -> bool:
         """The audit budget chose the group, even if it failed since (its reservation is released)."""
-        return GroupState.AUDITED in self.trail
+        return GroupPhase.AUDITED in self.trail
 
-    def _move(self, to: GroupState) -> None:
-        if to not in _MOVES[self.state]:
-            raise RuntimeError(f"a group cannot go from {self.state.value} to {to.value}")
+    def _move(self, to: GroupPhase) -> None:
+        if to not in _MOVES[self.phase]:
+            raise RuntimeError(f"a group cannot go from {self.phase.value} to {to.value}")
         self.trail.append(to)
 
     def gate_fired(self) -> None:
         """The gate says stop; the audit budget is asked next (``audit_decided``)."""
-        self._move(GroupState.AT_GATE)
+        self._move(GroupPhase.AT_GATE)
 
     def audit_decided(self, audit: bool) -> None:
         """``audit``: the stopped group runs on in shadow; else it is cut now."""
-        self._move(GroupState.AUDITED if audit else GroupState.CUT)
+        self._move(GroupPhase.AUDITED if audit else GroupPhase.CUT)
 
     def trajectories_ended(self) -> None:
         """Every trajectory has ended: a running group is finished (an audited one stays audited)."""
-        if self.state is GroupState.RUNNING:
-            self._move(GroupState.FINISHED)
+        if self.phase is GroupPhase.RUNNING:
+            self._move(GroupPhase.FINISHED)
 
     def fail(self, why: str) -> None:
-        self._move(GroupState.FAILED)
+        self._move(GroupPhase.FAILED)
         self.failure = why
 
     def settle(self, rewards: Sequence[float], keep: Callable[[bool], bool]) -> Verdict:
         """The group's verdict from the state it ended in. ``rewards``: its trajectories' final
         rewards, read only where they are whole (finished or audited); ``keep``: the strategy's
         answer, asked only for a finished group, given whether it is zero-variance."""
-        if self.state in (GroupState.RUNNING, GroupState.AT_GATE):
-            raise RuntimeError(f"a group still {self.state.value} has no verdict yet")
-        if self.state is GroupState.FINISHED:
+        if self.phase in (GroupPhase.RUNNING, GroupPhase.AT_GATE):
+            raise RuntimeError(f"a group still {self.phase.value} has no verdict yet")
+        if self.phase is GroupPhase.FINISHED:
             zero = rewards_equal(rewards)
             return Verdict(Outcome.COMPLETED if keep(zero) else Outcome.FILTERED, zero)
-        if self.state is GroupState.AUDITED:
+        if self.phase is GroupPhase.AUDITED:
             return Verdict(Outcome.AUDITED, rewards_equal(rewards))
-        return Verdict(_OUTCOME[self.state], None)
+        return Verdict(_OUTCOME[self.phase], None)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from selective_rollout.lifecycle import GroupLifecycle, GroupPhase, Verdict
 from selective_rollout.records import GroupRecord, Outcome, read_groups
-from selective_rollout.rollout.lifecycle import GroupLifecycle, GroupState, Verdict
 
-V1_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "rollouts_v1.jsonl"
+V1_LOG = Path(__file__).resolve().parent / "fixtures" / "rollouts_v1.jsonl"
 
 # (outcome, zero_variance, trained_on) of each group of the fixture, in order
 V1_GROUPS = [
@@ -56,7 +56,7 @@ def _cut(audit: bool) -> GroupLifecycle:
 def test_a_group_the_gate_never_stops_finishes_and_the_strategy_decides():
     life = GroupLifecycle()
     life.trajectories_ended()
-    assert life.state is GroupState.FINISHED and not life.stopped
+    assert life.phase is GroupPhase.FINISHED and not life.stopped
     assert life.settle([1.0, 0.0], _drop_zero_variance) == Verdict(Outcome.COMPLETED, False)
     assert life.settle([0.0, 0.0], _drop_zero_variance) == Verdict(Outcome.FILTERED, True)
     assert life.settle([0.0, 0.0], _keep_all) == Verdict(Outcome.COMPLETED, True)
@@ -64,13 +64,13 @@ def test_a_group_the_gate_never_stops_finishes_and_the_strategy_decides():
 
 def test_a_stop_goes_through_the_gate_to_cut_or_audited():
     cut = _cut(audit=False)
-    assert cut.trail == [GroupState.RUNNING, GroupState.AT_GATE, GroupState.CUT] and cut.stopped
+    assert cut.trail == [GroupPhase.RUNNING, GroupPhase.AT_GATE, GroupPhase.CUT] and cut.stopped
     verdict = cut.settle([0.0, 1.0], _keep_all)
     assert verdict == Verdict(Outcome.CUT, None) and not verdict.trained
     audited = _cut(audit=True)
     assert not audited.stopped and audited.audit_chosen
     audited.trajectories_ended()  # it ran on to the end: still audited
-    assert audited.state is GroupState.AUDITED
+    assert audited.phase is GroupPhase.AUDITED
     informative = audited.settle([0.0, 1.0], lambda zero: pytest.fail("keep asked for an audited group"))
     assert informative == Verdict(Outcome.AUDITED, False) and informative.trained
     assert not audited.settle([1.0, 1.0], _keep_all).trained
@@ -79,7 +79,7 @@ def test_a_stop_goes_through_the_gate_to_cut_or_audited():
 def test_a_failure_keeps_its_reason_and_whether_the_audit_chose_the_group():
     life = _cut(audit=True)
     life.fail("env worker died")
-    assert life.state is GroupState.FAILED and life.failure == "env worker died" and life.audit_chosen
+    assert life.phase is GroupPhase.FAILED and life.failure == "env worker died" and life.audit_chosen
     assert life.settle([], _keep_all) == Verdict(Outcome.FAILED, None)
     cut = _cut(audit=False)
     cut.fail("engine 0 died")  # a trajectory failed before the cut group was cancelled
