@@ -361,6 +361,7 @@ class Driver:
         import ray
 
         from selective_rollout.policy_eval import eval_metrics
+        from selective_rollout.reporting.idle import engine_busy_delta, idle_metrics
         from selective_rollout.runtime import task_stream, wait_for_coordinator
 
         cfg = self.cfg
@@ -368,7 +369,7 @@ class Driver:
         window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
         stream = task_stream(self.train_tasks, cfg.driver.task_shuffle_seed, self.state["cursor"])
         tasks = list(itertools.islice(stream, window))
-        counters = self.engine_counters()
+        healths = self.engine_healths()
         ref = self.coordinator.rollout.remote(tasks, it)
         batch = wait_for_coordinator(
             self.coordinator,
@@ -380,7 +381,10 @@ class Driver:
         self.replace_dead_engines(probe=True)  # before the weight sync: a dead member would stall it
         self.state["cursor"] += batch.tasks_consumed
         metrics = dict(batch.metrics)
-        metrics.update(cache_metrics(counters, self.engine_counters(), metrics.get("rollout/env_steps", 0.0)))
+        env_steps = metrics.get("rollout/env_steps", 0.0)
+        metrics.update(
+            cache_metrics(engine_counters(healths), engine_counters(self.engine_healths()), env_steps)
+        )
         if batch.experiences:
             metrics.update(self.learner.train_step(batch.experiences))
             metrics["system/weight_sync_s"] = self.sync_weights()
@@ -393,6 +397,9 @@ class Driver:
         metrics.update(self.memory_metrics())
         metrics["system/engine_restarts"] = float(self.engine_restarts)
         metrics["system/iteration_s"] = time.perf_counter() - start
+        busy = engine_busy_delta(engine_busy(healths), engine_busy(self.engine_healths()))
+        learner_busy = metrics.get("train/step_s", 0.0)
+        metrics.update(idle_metrics(busy, len(self.engines), learner_busy, metrics["system/iteration_s"]))
         self.state["wall_s"] += metrics["system/iteration_s"]
         self.state["iteration"] = it + 1
         self.logger.log(metrics, it)
@@ -400,15 +407,12 @@ class Driver:
             self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
         return metrics
 
-    def engine_counters(self) -> dict[int, tuple[int, int]]:
-        """Each engine's (prompt tokens served from cache, prompt tokens prefilled) so far."""
+    def engine_healths(self) -> dict[int, dict[str, Any]]:
+        """Each engine's ``health()`` now, keyed by its handle (a replacement is a new key)."""
         import ray
 
         healths = ray.get([e.health.remote() for e in self.engines], timeout=60)
-        return {
-            id(e): (int(h.get("cached_tokens", 0)), int(h.get("prefilled_tokens", 0)))
-            for e, h in zip(self.engines, healths, strict=True)
-        }
+        return {id(e): h for e, h in zip(self.engines, healths, strict=True)}
 
     def memory_metrics(self) -> dict[str, float]:
         """Resident memory of the driver and of every actor of the run, GB: growth across
@@ -524,3 +528,15 @@ def cache_metrics(
         "system/prefix_cache_hit_rate": cached / (cached + prefilled),
         "system/prefilled_tokens_per_env_step": prefilled / env_steps if env_steps else 0.0,
     }
+
+
+def engine_counters(healths: dict[int, dict[str, Any]]) -> dict[int, tuple[int, int]]:
+    """Each engine's (prompt tokens served from cache, prompt tokens prefilled) so far."""
+    return {
+        k: (int(h.get("cached_tokens", 0)), int(h.get("prefilled_tokens", 0))) for k, h in healths.items()
+    }
+
+
+def engine_busy(healths: dict[int, dict[str, Any]]) -> dict[int, float]:
+    """Each engine's busy clock so far (seconds with a request in flight)."""
+    return {k: float(h.get("busy_s", 0.0)) for k, h in healths.items()}

@@ -17,6 +17,7 @@ from typing import Any
 from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
 from selective_rollout.policy_eval import describe_gain, success_gain
 from selective_rollout.records import GroupRecord, Outcome, read_groups
+from selective_rollout.reporting.idle import throughput_summary
 from selective_rollout.reporting.metrics_log import read_metrics
 from selective_rollout.stats import clopper_pearson
 
@@ -225,6 +226,19 @@ def plot_run(metrics: list[dict[str, Any]], groups: Sequence[GroupRecord], out: 
     return paths
 
 
+def throughput_rows(throughput: dict[str, float] | None) -> list[str]:
+    """The report's rows on idle hardware and delivery (``reporting.idle``)."""
+    if throughput is None:
+        return ["| hardware waiting | not recorded (a run logged before system/engine_busy_s) |"]
+    return [
+        f"| hardware waiting | engines {throughput['engine_wait_frac']:.0%} of their time (no request "
+        f"in flight), learners {throughput['learner_wait_frac']:.0%} (outside the optimiser step) |",
+        f"| delivered | {throughput['informative_groups_per_hour']:.1f} informative groups trained per "
+        f"hour of iterations; {throughput['trained_tokens_per_engine_s']:.1f} trained tokens per "
+        "engine-second |",
+    ]
+
+
 def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
     """Write report.md, report.json and the plots into ``run_dir``; return report.md's path.
     ``regime_k`` is the step at which the regime's D_K spread is measured (``RunConfig.regime_k``)."""
@@ -251,6 +265,7 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         "plots": [p.name for p in plots],
         "placement": placement,
         "peak_rss_gb": peak_memory(metrics),
+        "throughput": throughput_summary(metrics, summary["informative_kept"], state.get("wall_s", 0.0)),
     }
     before, after = evals.get("before"), evals.get("after")
     gain = success_gain(before, after) if before and after else None
@@ -328,6 +343,7 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         f"| step-tokens saved by the gate (estimate) | {_fmt(summary['step_tokens_saved_est'])} "
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "
         f"{summary['step_tokens_saved_basis']}) |",
+        *throughput_rows(report["throughput"]),
         f"| peak resident memory | {memory_row} |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",

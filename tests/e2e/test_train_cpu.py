@@ -88,6 +88,8 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
             "gate/fires",
             "system/tokens_per_s",
             "system/iteration_s",
+            "system/engine_wait_frac",  # the barrier: who waited, each iteration
+            "system/learner_wait_frac",
             "env/steps",
             "system/rss_gb/engine_0",  # every actor's resident memory, each iteration
             "system/rss_gb/learner_0",
@@ -105,6 +107,7 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     text = report.read_text()
     assert "held-out success before" in text and "held-out success after" in text
     assert "| peak resident memory | engine " in text and "learner " in text
+    assert "| hardware waiting | engines " in text and "trained tokens per engine-second |" in text
     # placement.learner_allocator defaults to auto: jemalloc on a Ray the driver started here
     located = read_placement(run_dir)
     assert [loc["malloc"] for loc in located["learners"]] == ["jemalloc"]
