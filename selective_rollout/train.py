@@ -3,7 +3,7 @@
     python -m selective_rollout.train --config configs/cpu_default.yaml [section.key=value ...]
 
 Starts a local Ray cluster, or joins one given by ``--ray-address`` / ``RAY_ADDRESS`` (what
-``ray job submit`` sets), and runs the ``Driver`` (selective_rollout/driver.py). Everything a run
+``ray job submit`` sets), and runs the ``Driver`` (selective_rollout/driver/). Everything a run
 produces lands in its run folder (resolved config, metrics.jsonl, rollouts.jsonl, checkpoints,
 plots, report.md/json). Re-running with the same ``driver.run_dir`` resumes from the last complete
 checkpoint (``trainer.resume=auto``).

@@ -44,7 +44,6 @@ FLOORS = {
     "reporting.report": 3,
     "driver": 4,
     "train": 4,  # the driver's command line
-    "update_check": 4,  # the driver's proof that an update is served
     "experiment": 5,
 }
 

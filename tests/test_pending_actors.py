@@ -138,15 +138,15 @@ def test_an_actor_placed_but_still_loading_is_not_pending(ray_cluster):
 @pytest.mark.ray
 @pytest.mark.timeout(120)
 def test_record_placement_stops_the_run_when_engines_stay_pending(ray_cluster, tmp_path: Path):
-    """The driver's own path: ``Driver.record_placement`` over an engine no node can host."""
+    """The driver's own path: ``RunActors.record_placement`` over an engine no node can host."""
     import ray
 
-    from selective_rollout.driver import Driver
+    from selective_rollout.driver import RunActors
 
     cfg = load_config(
         None, ["placement.pending_timeout_s=2", f"placement.engine_resources={{{NOBODY_HAS}: 1}}"]
     )
-    driver = Driver.__new__(Driver)  # only what record_placement reads: no model, no learners
+    driver = RunActors.__new__(RunActors)  # only what record_placement reads: no model, no learners
     driver.cfg, driver.run_dir = cfg, tmp_path
     unplaceable = ray.remote(Unplaceable).options(num_cpus=0, resources={NOBODY_HAS: 1})
     driver.engines = [unplaceable.remote()]

@@ -1,18 +1,18 @@
-"""The update check's constructed group and its verdict (``selective_rollout.update_check``); the
+"""The update check's constructed group and its verdict (``selective_rollout.driver.update_check``); the
 check itself runs over real Ray, engines and learners in the cluster rehearsal and the GPU smoke."""
 
 from __future__ import annotations
 
 import pytest
 
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.update_check import (
+from selective_rollout.driver.update_check import (
     REWARDS,
     UpdateCheckFailed,
     check_batch,
     served_shift,
     verdict,
 )
+from selective_rollout.trainer.advantages import compute_advantages
 
 PROMPT, REPLIES = [5, 6, 7], [[8, 9], [10, 11, 12]]
 

@@ -2,8 +2,6 @@
 
 The driver's section is ``driver:``, the learner's ``trainer:``."""
 
-from typing import Literal
-
 from pydantic import Field
 
 from selective_rollout.config.base import Section
@@ -31,14 +29,18 @@ class DriverConfig(Section):
         False,
         description="after the start-up sync, take one optimiser step on a constructed group whose "
         "rewards differ and require the engines to serve the moved weights (smoke checks and "
-        "rehearsals: it changes the policy the run starts from; selective_rollout.update_check)",
+        "rehearsals: it changes the policy the run starts from; selective_rollout.driver.update_check)",
     )
 
 
 class EvalConfig(Section):
     """Held-out evaluation, before and after training and every ``driver.eval_every`` iterations."""
 
-    split: Literal["train", "valid_seen", "valid_unseen"] = "valid_unseen"
+    split: str = Field(
+        "valid_unseen",
+        description="the held-out split, one of the environment's own (alfworld, tw-cooking: train, "
+        "valid_seen, valid_unseen; gymnasium: train, test; skyrl_gym: those of its data files)",
+    )
     num_tasks: int = Field(8, ge=1, description="held-out tasks per evaluation (first N of the split)")
     tries: int = Field(1, ge=1, description="episodes per task; success = mean over tries")
     greedy: bool = Field(True, description="greedy decoding; false samples at engine.temperature")

@@ -34,7 +34,8 @@ class EnvConfig(EntrySection):
     name: str = Field(
         "alfworld",
         description="a registered environment: alfworld (ALFWorld households), tw-cooking (TextWorld "
-        "Cooking), or your own (docs/environment.md); its own keys are listed below",
+        "Cooking), skyrl_gym (skyrl-gym environments on rows of data files), gymnasium (a gymnasium "
+        "text environment by its id), or your own (docs/environment.md); its own keys are listed below",
     )
     # the shared parameters, declared once by the environment seam
     games_dir: str | None = _SHARED["games_dir"]
@@ -43,6 +44,7 @@ class EnvConfig(EntrySection):
     n_train: int = _SHARED["n_train"]
     n_valid: int = _SHARED["n_valid"]
     num_workers: int = _SHARED["num_workers"]
+    stop: list[str] = _SHARED["stop"]
 
     def build(self) -> Environment:
         """The selected environment, bound to this section (what the coordinator, the task

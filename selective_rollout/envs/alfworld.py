@@ -71,6 +71,7 @@ class Alfworld(Environment):
     def tasks(self, split: str) -> list[Task]:
         from alfworld_env import ensure_games, load_games, load_generated
 
+        self.check_split(split)
         p = self.params
         if p.source == "official":
             games = load_games(self.games_dir, split, source="official")

@@ -1,12 +1,15 @@
 """The environment seam: what the trainer needs from an environment, and the registry of them.
 
 An environment is one module plus one line in ``selective_rollout/plugins.py`` (or an entry point
-of the group "selective_rollout.envs" in a package of yours): it supplies its task source (train
-and evaluation splits, generating missing games), its episode pool (Ray actors), its prompt
-wording, its reward rule and what the warm start needs (walkthroughs and an in-process episode to
-replay them). The run config selects one with ``env.name``; the entry's own parameters are flat
-keys of the ``env`` section, declared by its ``Params`` model (as gates declare theirs), so the
-trainer never branches on which environment it runs.
+of the group "selective_rollout.envs" in a package of yours): it lists its tasks by split, opens
+episodes of a task (``source()``: reset, step, close, a reward per step), served by the Ray pool,
+and states its trajectory-reward rule and what "won" means. Folders of games, generating them,
+walkthroughs and the warm start's in-process episode are capabilities of the environments that
+have them (ALFWorld, TextWorld Cooking). Environments written for skyrl-gym or gymnasium run
+through the adapters ``envs/skyrl.py`` and ``envs/gym_text.py``. The run config selects one with
+``env.name``; the entry's own parameters are flat keys of the ``env`` section, declared by its
+``Params`` model (as gates declare theirs), so the trainer never branches on which environment it
+runs.
 
 Everything here is light: registering an environment imports none of its engine, which is loaded
 where episodes are played (env workers, the warm start).
@@ -14,7 +17,7 @@ where episodes are played (env workers, the warm start).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -25,9 +28,12 @@ from selective_rollout.envs.episode import (
     Episode,
     EpisodeSource,
     EpisodeState,
+    Message,
     Observation,
     TaskError,
     as_task_error,
+    messages_of,
+    step_reward,
 )
 from selective_rollout.records import Task
 
@@ -38,12 +44,15 @@ __all__ = [
     "Episode",
     "EpisodeSource",
     "EpisodeState",
+    "Message",
     "Observation",
     "PromptText",
     "TaskError",
     "as_task_error",
     "folder_task",
     "game_dir",
+    "messages_of",
+    "step_reward",
 ]
 
 
@@ -86,10 +95,14 @@ class EnvPool(Protocol):
 @dataclass(frozen=True)
 class PromptText:
     """How the system prompt names the game: ``world`` ("a household text game") and, for the
-    prompt that does not list the admissible commands, the verbs the game understands."""
+    prompt that does not list the admissible commands, the verbs the game understands;
+    ``free_text``: the game takes free-text replies (no admissible list), so the prompt asks for
+    an action, not a copy of a listed one. An environment that gives its own first messages
+    (system prompt included) is played with those instead."""
 
     world: str
     commands: str
+    free_text: bool = False
 
 
 class EnvParams(BaseModel):
@@ -112,13 +125,19 @@ class EnvParams(BaseModel):
     n_train: int = Field(60, ge=1, description="generated train games")
     n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
     num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="stop strings: a free-text reply ends with the token that completes the first of "
+        "them (kept in the reply), as the environment's answer format wants (</answer>, say)",
+    )
 
 
 class Environment:
     """Interface; one instance per process that needs it, built from the run's ``env`` section.
 
     ``Params`` declares the environment's parameters (the shared keys of ``EnvParams`` and its
-    own); ``self.params`` holds their values (``ENVS.build(name, section)``).
+    own); ``self.params`` holds their values (``ENVS.build(name, section)``). ``splits`` are the
+    environment's own split names (``eval.split`` names one of them).
     """
 
     name: ClassVar[str] = "environment"
@@ -141,8 +160,18 @@ class Environment:
 
     def tasks(self, split: str) -> list[Task]:
         """Every task of ``split`` the config names, in a fixed order (generated when missing
-        into the default games folder, or anywhere with ``env.generate``)."""
+        into the default games folder, or anywhere with ``env.generate``); a split that is not
+        one of ``splits`` is a ``ValueError`` (``check_split``)."""
         raise NotImplementedError
+
+    def check_split(self, split: str) -> None:
+        """One line naming the environment's splits when ``split`` is not one of them (a
+        mistyped ``eval.split`` stops the run before anything is played)."""
+        if split not in self.splits:
+            raise ValueError(
+                f"split {split!r}: environment {self.name!r} has the splits {', '.join(self.splits)} "
+                "(eval.split names one of them)"
+            )
 
     def may_generate(self) -> bool:
         """Missing games are made only in the default folder or on request, so that a mistyped
@@ -172,6 +201,16 @@ class Environment:
     def reward(self, final: EpisodeState) -> float:
         """A finished or truncated trajectory's reward from its last state: 1 for a win."""
         return float(final.won)
+
+    def trajectory_reward(self, step_rewards: Sequence[float], final: EpisodeState) -> float:
+        """A finished or truncated trajectory's reward from its steps' rewards and its last
+        state: ``reward(final)`` unless the environment states another rule (the ecosystem
+        adapters sum the steps' rewards, as SkyRL does)."""
+        return self.reward(final)
+
+    def stop_strings(self) -> list[str]:
+        """The stop strings every reply is sampled with (``env.stop``)."""
+        return list(self.params.stop)
 
     # ---------------------------------------------------------------- warm start
     def episode(self, task: Task) -> Episode:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from selective_rollout.records import Task
 
@@ -35,8 +35,17 @@ def as_task_error(what: str, worded: tuple[type[Exception], ...] = ()) -> Iterat
         raise TaskError(f"the engine failed to {what}: {type(exc).__name__}: {exc}") from None
 
 
+Message = dict[str, str]  # one chat message: {"role": ..., "content": ...}
+
+
 class Observation(Protocol):
-    """What an episode shows the player after a reset or a step."""
+    """What an episode shows the player after a reset or a step.
+
+    ``admissible`` lists the commands the game accepts; an empty list makes the game free-text
+    (the reply's action text is sent as is). Two attributes are optional, read with
+    ``step_reward`` and ``messages_of``: ``reward`` (this step's reward; without it, 1.0 on the
+    winning step) and ``messages`` (the observation as chat messages, rendered as given: on the
+    first observation, the environment's own first messages, its system prompt included)."""
 
     obs: str
     admissible: list[str]
@@ -44,6 +53,18 @@ class Observation(Protocol):
 
     @property
     def done(self) -> bool: ...
+
+
+def step_reward(ob: Observation) -> float:
+    """The step's reward: the observation's own, or 1.0 on the winning step."""
+    reward = getattr(ob, "reward", None)
+    return float(ob.won) if reward is None else float(reward)
+
+
+def messages_of(ob: Any) -> list[Message] | None:
+    """The observation's chat messages, or None for a text observation."""
+    messages = getattr(ob, "messages", None)
+    return None if messages is None else [dict(m) for m in messages]
 
 
 class Episode(Protocol):
@@ -93,3 +114,4 @@ class EpisodeState:
     won: bool = False
     task: str = ""  # the task sentence (first observation only)
     failed: str | None = None  # why the episode was lost (its worker died, the engine failed)
+    messages: list[Message] | None = None  # the observation as chat messages (``Observation``)

@@ -25,17 +25,20 @@ from selective_rollout.envs.episode import (
     Episode,
     EpisodeSource,
     EpisodeState,
+    Message,
     Observation,
     TaskError,
     as_task_error,
+    messages_of,
+    step_reward,
 )
 from selective_rollout.records import Task
 
 LOST = "its env worker died; episode lost"
 
 
-# what a worker sends back per episode: (obs, admissible, won, done, task); plain data only
-_Result = tuple[str, list[str], bool, bool, str]
+# what a worker sends back per episode: (obs, admissible, won, done, task, reward, messages); plain data
+_Result = tuple[str, list[str], bool, bool, str, float, list[Message] | None]
 
 
 @dataclass
@@ -113,7 +116,7 @@ class EnvWorker:
 
 
 def _result(ob: Observation, task: str) -> _Result:
-    return (ob.obs, list(ob.admissible), bool(ob.won), bool(ob.done), task)
+    return (ob.obs, list(ob.admissible), bool(ob.won), bool(ob.done), task, step_reward(ob), messages_of(ob))
 
 
 @dataclass
@@ -196,8 +199,8 @@ class RayEnvPool:
 
     @staticmethod
     def _state(eid: str, result: _Result) -> EpisodeState:
-        obs, admissible, won, done, task = result
-        return EpisodeState(eid, obs, admissible, float(won), done, won, task)
+        obs, admissible, won, done, task, reward, messages = result
+        return EpisodeState(eid, obs, admissible, reward, done, won, task, messages=messages)
 
     async def step(self, actions: dict[str, str]) -> dict[str, EpisodeState]:
         """Step many episodes at once; each worker gets one call for all its episodes."""

@@ -4,8 +4,10 @@ Small models paraphrase (``Go to Cabinet 1.``), wrap the command in prose, or em
 Matching goes exact, then normalised, then fuzzy (normalised Levenshtein similarity from the C
 ``editdistance`` library) above a threshold, among commands naming the same object numbers;
 anything else is ``INVALID_ACTION``, which the environment answers with "Nothing happens." and
-which the coordinator counts. The parser never raises on any reply: replies are capped in
-length before matching so a runaway reply costs nothing.
+which the coordinator counts. A game without an admissible list takes free text: the reply's
+action text is sent as is (the whole reply, or what follows its last ``Action:`` in ReAct), as
+skyrl-gym environments expect to parse the response themselves. The parser never raises on any
+reply: replies are capped in length before matching so a runaway reply costs nothing.
 """
 
 from __future__ import annotations
@@ -21,16 +23,17 @@ INVALID_ACTION = "<invalid action>"  # one token for the gate: every invalid act
 MAX_REPLY_CHARS = 4000
 MAX_ACTION_CHARS = 200
 
-MatchKind = Literal["exact", "normalised", "fuzzy", "invalid"]
+MatchKind = Literal["exact", "normalised", "fuzzy", "free", "invalid"]
 
 _ACTION_RE = re.compile(r"action\s*:\s*(.*)", re.IGNORECASE)
+_ACTION_MARK = re.compile(r"action\s*:", re.IGNORECASE)
 _NON_WORD = re.compile(r"[^a-z0-9]+")
 _NUMBER = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
 class ParsedAction:
-    command: str  # the admissible command, or INVALID_ACTION
+    command: str  # the admissible command, the free-text action, or INVALID_ACTION
     valid: bool
     match: MatchKind
     extracted: str  # the action text found in the reply, before matching
@@ -53,6 +56,16 @@ def extract_action(reply: str, action_format: Literal["react", "action"]) -> str
         text = reply
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0][:MAX_ACTION_CHARS] if lines else ""
+
+
+def free_text_action(reply: str, action_format: Literal["react", "action"]) -> str:
+    """The action of a free-text game: the whole reply (action format), or everything after its
+    last ``Action:`` (ReAct; none: no action), capped in length."""
+    reply = reply[:MAX_REPLY_CHARS]
+    if action_format == "action":
+        return reply
+    marks = list(_ACTION_MARK.finditer(reply))
+    return reply[marks[-1].end() :].strip() if marks else ""
 
 
 def match_action(text: str, admissible: Sequence[str], fuzzy_threshold: float) -> tuple[str, MatchKind]:
@@ -92,7 +105,12 @@ def parse_action(
     action_format: Literal["react", "action"] = "action",
     fuzzy_threshold: float = 0.85,
 ) -> ParsedAction:
-    """Parse one reply; always returns, whatever the model wrote."""
-    extracted = extract_action(reply if isinstance(reply, str) else "", action_format)
+    """Parse one reply; always returns, whatever the model wrote. With nothing admissible the
+    game takes free text: the action is ``free_text_action``'s, valid when not blank."""
+    reply = reply if isinstance(reply, str) else ""
+    if not admissible:
+        text = free_text_action(reply, action_format)
+        return ParsedAction(text, bool(text.strip()), "free" if text.strip() else "invalid", text)
+    extracted = extract_action(reply, action_format)
     command, kind = match_action(extracted, admissible, fuzzy_threshold)
     return ParsedAction(command, kind != "invalid", kind, extracted)

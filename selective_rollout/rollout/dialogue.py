@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from selective_rollout.envs.base import Message
 from selective_rollout.records import Experience
 from selective_rollout.rollout.engines.trie import ChoiceTries
-from selective_rollout.rollout.prompts import PromptBuilder, user_text
+from selective_rollout.rollout.prompts import PromptBuilder, UserTurn, user_text
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class Conversation:
     When the history window is full, ``extend`` starts a new segment: a fresh prompt holding the
     task and the last ``history_turns // 2`` exchanges (the window slides in jumps so a segment
     lasts several turns; each segment is one learner sequence and one full prefill).
+
+    A turn whose observation came as chat ``messages`` is rendered as those messages; when the
+    first turn did (the environment's own first messages, which state the task), a later
+    segment opens with them, as a text dialogue's opens with the task sentence.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class Conversation:
         admissible: Sequence[str],
         list_every_turn: bool = True,
         choice_tries: ChoiceTries | None = None,
+        messages: Sequence[Message] | None = None,
     ):
         self._builder = builder
         self._history_turns = history_turns
@@ -85,8 +91,10 @@ class Conversation:
         # set when replies are decoded under constrained choice of a command: the tries it walks
         self._choice_tries = choice_tries
         self.task = task
-        # user turns of the whole trajectory as (observation, admissible commands)
-        self._turns: list[tuple[str, list[str]]] = [(obs, list(admissible))]
+        # user turns of the whole trajectory as (observation, admissible commands, its messages)
+        self._turns: list[tuple[str, list[str], list[Message] | None]] = [
+            (obs, list(admissible), None if messages is None else list(messages))
+        ]
         self._replies: list[str] = []  # assistant replies (decoded text) of the whole trajectory
         self._segment_first_turn = 0
         self.segment_index = 0
@@ -104,11 +112,17 @@ class Conversation:
         """The current segment's loss mask, aligned with ``prompt_ids``."""
         return self.segments[-1].loss_mask
 
-    def _user(self, turn: int) -> str:
-        """The text of user turn ``turn``: a segment's first turn always lists the commands."""
-        obs, admissible = self._turns[turn]
+    def _user(self, turn: int) -> UserTurn:
+        """User turn ``turn``: its messages as given, or its text (a segment's first turn always
+        lists the commands); a later segment's first turn is led by the first turn's messages."""
+        obs, admissible, messages = self._turns[turn]
         first = turn == self._segment_first_turn
+        opening = self._turns[0][2] if first and turn > 0 else None
+        if messages is not None:
+            return [*(opening or []), *messages]
         listed = admissible if first or self._list_every_turn else None
+        if opening is not None:
+            return [*opening, {"role": "user", "content": user_text(obs, listed)}]
         return user_text(obs, listed, self.task if first else None)
 
     def _fresh_prompt(self) -> list[int]:
@@ -139,14 +153,17 @@ class Conversation:
         self._ended_turn = bool(token_ids) and token_ids[-1] == self._builder.eot_id
         self._awaiting_completion = False
 
-    def extend(self, obs: str, admissible: Sequence[str]) -> tuple[list[int], bool]:
-        """Next turn: returns (ids appended to ``prompt_ids``, whether a new segment began).
+    def extend(
+        self, obs: str, admissible: Sequence[str], messages: Sequence[Message] | None = None
+    ) -> tuple[list[int], bool]:
+        """Next turn (its observation as text, or as the environment's chat ``messages``):
+        returns (ids appended to ``prompt_ids``, whether a new segment began).
 
         On a new segment the returned ids are the whole fresh ``prompt_ids``.
         """
         if self._awaiting_completion:
             raise RuntimeError("extend called before add_completion: the completion must be recorded first")
-        self._turns.append((obs, list(admissible)))
+        self._turns.append((obs, list(admissible), None if messages is None else list(messages)))
         self._awaiting_completion = True
         past_in_segment = len(self._replies) - self._segment_first_turn
         if past_in_segment > self._history_turns:

@@ -129,7 +129,9 @@ class Turns:
         for i, st in enumerate(states):
             if st.failed:
                 raise GroupFailed(f"env worker failed opening {task.task_id}: {st.failed}")
-            conversation = self.agent.start(st.task, st.obs, st.admissible)
+            messages = getattr(st, "messages", None)  # a pool of text states may not carry them
+            opening = {"messages": messages} if messages is not None else {}
+            conversation = self.agent.start(st.task, st.obs, st.admissible, **opening)
             traj = TrajectoryRun(i, st.episode_id, f"{group.group_id}-t{i}", conversation)
             traj.admissible = st.admissible
             group.trajectories.append(traj)
@@ -183,6 +185,7 @@ class Turns:
                 temperature=ec.temperature,
                 top_p=ec.top_p,
                 seed=zlib.crc32(key.encode()) & 0x7FFFFFFF,
+                stop=self.environment.stop_strings() or None,
             ),
         )
 
@@ -217,10 +220,10 @@ class Turns:
         elif len(traj.steps) >= self.rc.max_steps:
             traj.status = TrajectoryStatus.TRUNCATED
         if not traj.live:
-            traj.reward = self.environment.reward(state)
+            traj.reward = self.environment.trajectory_reward([s.reward for s in traj.steps], state)
         else:
             traj.admissible = state.admissible
-            traj.conversation.extend(state.obs, state.admissible)
+            traj.conversation.extend(state.obs, state.admissible, getattr(state, "messages", None))
         group.after_step(traj)
 
     async def abort(self, group: GroupRun) -> None:

@@ -179,8 +179,19 @@ def test_parse_survives_a_very_long_reply():
     assert len(parsed.extracted) <= 200
 
 
-def test_parse_with_nothing_admissible_is_invalid():
-    assert parse_action("look", [], "action").command == INVALID_ACTION
+@pytest.mark.parametrize(
+    ("reply", "fmt", "command", "valid"),
+    [
+        ("look around\n#### 42", "action", "look around\n#### 42", True),  # the whole reply, as is
+        ("Thought: count.\nAction: say 3\nthen stop", "react", "say 3\nthen stop", True),
+        ("Thought: no action line", "react", "", False),
+        ("   ", "action", "   ", False),
+    ],
+)
+def test_with_nothing_admissible_the_reply_is_a_free_text_action(reply, fmt, command, valid):
+    parsed = parse_action(reply, [], fmt)
+    assert (parsed.command, parsed.valid) == (command, valid)
+    assert parsed.match == ("free" if valid else "invalid")
 
 
 @settings(max_examples=300, deadline=None)

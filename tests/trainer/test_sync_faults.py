@@ -117,10 +117,10 @@ def test_an_engine_dying_mid_sync_fails_it_fast_and_names_it(learner, tiny_model
 
 
 def _driver(learner: LearnerGroup, model_dir: Path):
-    """A ``Driver`` with only what the sync, its verification and the replacement use."""
-    from selective_rollout.driver import Driver
+    """The run's ``RunActors`` with only what the sync, its verification and the replacement use."""
+    from selective_rollout.driver import RunActors
 
-    driver = object.__new__(Driver)
+    driver = object.__new__(RunActors)
     driver.cfg = SimpleNamespace(engine=None, placement=PlacementConfig(), trainer=TrainerConfig())
     driver.model_path = model_dir
     driver.actor_model = str(model_dir)
@@ -148,7 +148,7 @@ def test_a_sync_that_leaves_an_engine_serving_other_weights_stops_the_run(learne
 
 
 class CoordinatorDouble:
-    """The coordinator's engine-slot surface that ``Driver.replace_dead_engines`` uses."""
+    """The coordinator's engine-slot surface that ``RunActors.replace_dead_engines`` uses."""
 
     def __init__(self) -> None:
         self.replaced: list[int] = []
@@ -166,7 +166,7 @@ class CoordinatorDouble:
 def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
     learner, tiny_model_dir, monkeypatch
 ):
-    """``Driver.sync_weights``, the driver's path, over the real learner and engine doubles."""
+    """``RunActors.sync_weights``, the driver's path, over the real learner and engine doubles."""
     import selective_rollout.rollout.engines as engines_module
 
     started: list = []

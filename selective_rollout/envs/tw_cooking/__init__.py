@@ -51,6 +51,7 @@ class TwCooking(Environment):
     def tasks(self, split: str) -> list[Task]:
         from selective_rollout.envs.tw_cooking.games import ensure_games, load_tasks
 
+        self.check_split(split)
         p, level = self.params, self.params.level
         if self.may_generate():
             if not (self.games_dir / split).is_dir():

@@ -35,7 +35,9 @@ class SamplingParams:
     """Per-request sampling; ``choices`` restricts the reply to exactly one of these strings.
 
     A choice is followed by the end-of-turn token, so ``go to cabinet 1`` can never be a
-    truncated ``go to cabinet 10``.
+    truncated ``go to cabinet 10``. ``stop``: an unconstrained reply ends with the token that
+    completes the first of these strings, which stays in its ids and text (the learner trains
+    on the ids the policy sampled; an environment that parses ``</answer>`` sees it).
     """
 
     n: int = 1
@@ -45,6 +47,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] | None = None
     choices: list[str] | None = None
+    stop: list[str] | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field; engines call this before queueing.
@@ -70,6 +73,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.seed must be an integer in [0, 2**63), got {self.seed!r}")
         if self.choices is not None and (not self.choices or any(not c for c in self.choices)):
             raise ValueError("SamplingParams.choices must be a non-empty list of non-empty strings")
+        if self.stop is not None and any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must be a list of non-empty strings, got {self.stop!r}")
 
 
 def _whole(value: object) -> bool:

@@ -42,6 +42,7 @@ class Sampler:
 
     def __init__(self, tokenizer: Any, eot_id: int, seed: int) -> None:
         self.eot_id = eot_id
+        self._tokenizer = tokenizer
         self._tries = ChoiceTries(tokenizer, eot_id)
         self._seed_source = itertools.count(seed * 1_000_003)
         self.stats = {
@@ -96,7 +97,7 @@ class Sampler:
         self._emit(seq, token)
         seq.scored(float(logprobs[token]))
         if seq.trie is None:
-            if token == self.eot_id or (sp.stop_token_ids and token in sp.stop_token_ids):
+            if self._stops(seq, token):
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= sp.max_tokens:
                 seq.finish_reason = "length"
@@ -104,6 +105,21 @@ class Sampler:
         self._force(seq)
         if len(seq.logprobs) == len(seq.tokens):  # else the forward that scores the forced run ends it
             seq.finish_reason = seq.decided()
+
+    def _stops(self, seq: Seq, token: int) -> bool:
+        """Whether the newly sampled ``token`` ends an unconstrained output: end-of-turn, a stop
+        token, or the completion of a stop string. For the strings only the tail that can hold
+        one is decoded (every token spans at least one character, bar special and partial-byte
+        ones, hence the margin); an occurrence that ended earlier would have ended the output
+        then, so finding one in the tail means the newest token completed it."""
+        sp = seq.req.sampling
+        if token == self.eot_id or (sp.stop_token_ids and token in sp.stop_token_ids):
+            return True
+        if not sp.stop:
+            return False
+        tail = seq.tokens[-(max(map(len, sp.stop)) + 2) :]
+        text = self._tokenizer.decode(tail, skip_special_tokens=True)
+        return any(s in text for s in sp.stop)
 
     def _force(self, seq: Seq) -> None:
         """Take the tokens a constrained choice leaves no alternative to (jump-forward decoding:

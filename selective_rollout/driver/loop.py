@@ -1,0 +1,263 @@
+"""The driver's loop, one iteration at a time: rollout -> learner update -> weight sync ->
+evaluation -> logs -> checkpoint.
+
+It runs in the process that starts the run (``python -m selective_rollout.train``, or each arm of
+an experiment) and drives the run's actors (``driver.actors``) through Ray. Its settings are the
+``driver:`` section; the learner's are ``trainer:``. Everything a run produces lands in its run
+folder (resolved config, metrics.jsonl, rollouts.jsonl, checkpoints, plots, report.md/json);
+re-running with the same ``driver.run_dir`` resumes from the last complete checkpoint
+(``trainer.resume=auto``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from selective_rollout.config import RunConfig, dump_config
+from selective_rollout.driver.actors import RunActors, check_resources
+from selective_rollout.driver.engine_stats import cache_metrics, engine_busy, engine_counters
+from selective_rollout.driver.logs import rewind_logs
+
+log = logging.getLogger(__name__)
+
+
+class Driver:
+    """The loop over a run's iterations, over its actors (``RunActors``)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        ray_address: str | None = None,
+        before_eval: dict[str, Any] | None = None,
+    ) -> None:
+        """``before_eval``: the held-out summary of this run's starting weights when it is already
+        known (the experiment runner passes an earlier arm's: same warm start, same tasks, and a
+        greedy evaluation that scores the same weights the same), so it is not played again."""
+        from selective_rollout.models import model_for_actors, resolve_model
+        from selective_rollout.reporting.metrics_log import MetricLogger
+        from selective_rollout.rollout.engines import check_backend_installed
+        from selective_rollout.runtime import held_out_tasks, init_ray, train_tasks
+        from selective_rollout.sft import warm_start_model
+
+        self.cfg, self.run_dir = cfg, run_dir
+        self.before_eval = before_eval
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
+        rewind_logs(run_dir, self.ckpt_dir, cfg.trainer.resume)  # before anything appends to them
+        # data and model first: a missing dataset or model fails in seconds, before Ray starts
+        self.train_tasks = train_tasks(cfg)
+        self.eval_tasks = held_out_tasks(cfg)
+        model_path = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
+        joined = bool(ray_address or os.environ.get("RAY_ADDRESS"))
+        if not joined:  # a cluster's engine nodes run their own image; the driver's may differ
+            check_backend_installed(cfg.engine.backend)
+        init_ray(ray_address)
+        check_resources(cfg, joined)
+        if cfg.warm_start.enabled:
+            model_path = warm_start_model(cfg, model_path)
+        actor_model = (
+            str(model_path)
+            if cfg.warm_start.enabled
+            else model_for_actors(cfg.engine.model, model_path, cfg.engine.model_cache_dir)
+        )
+        log.info(
+            "policy: %s; %d train tasks, %d held-out tasks",
+            model_path,
+            len(self.train_tasks),
+            len(self.eval_tasks),
+        )
+        # not joined: Ray was started here, so placement's `auto` allocators see the actors' Ray
+        self.actors = RunActors(cfg, run_dir, model_path, actor_model, local_ray=not joined)
+        self.logger = MetricLogger(cfg.logging, run_dir, run_dir.name, cfg.model_dump(mode="json"))
+
+    @property
+    def engines(self) -> list[Any]:
+        return self.actors.engines
+
+    @property
+    def learner(self) -> Any:
+        return self.actors.learner
+
+    @property
+    def coordinator(self) -> Any:
+        return self.actors.coordinator
+
+    def resume(self) -> None:
+        """Load the last checkpoint, if any; either way sync the engines once before anything is
+        played, so that a sync or serving fault shows in seconds (``verify_served_weights``), not
+        after the first evaluation, rollout and learner step."""
+        extra = self.learner.resume(self.ckpt_dir)
+        if extra is not None:
+            self.state.update(extra)
+            log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
+        seconds = self.actors.sync_weights()
+        log.info("weight sync at start-up: %.1f s", seconds)
+
+    def check_update(self) -> dict[str, float]:
+        """``driver.update_check``: one optimiser step on a constructed group whose rewards differ,
+        synced and verified like any update; raises ``UpdateCheckFailed`` unless engine 0 then
+        scores the probe differently (``driver.update_check``)."""
+        import ray
+        from transformers import AutoTokenizer
+
+        from selective_rollout.driver import update_check
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        prompt = list(tokenizer(update_check.PROMPT)["input_ids"])
+        replies = [list(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in update_check.REPLIES]
+        logprobs = self.learner.logprobs([[*prompt, *reply] for reply in replies])
+        batch = update_check.check_batch(prompt, replies, logprobs)
+        before = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
+        trained = self.learner.train_step(batch)
+        self.actors.sync_weights()
+        after = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
+        metrics = update_check.verdict(trained, update_check.served_shift(before, after))
+        metrics["check/served_logprob_gap"] = self.actors.served_gap
+        log.info(
+            "update check: loss %.3g, gradient norm %.3g; the served probe moved %.2g nats",
+            metrics["check/loss"],
+            metrics["check/grad_norm"],
+            metrics["check/served_shift"],
+        )
+        return metrics
+
+    def evaluate(self, label: str) -> dict[str, Any]:
+        from selective_rollout.policy_eval import format_summary, success_summary
+        from selective_rollout.runtime import wait_for_coordinator
+
+        started = time.monotonic()
+        ref = self.coordinator.evaluate.remote(self.eval_tasks)
+        stall_s = self.cfg.driver.stall_timeout_s
+        groups = wait_for_coordinator(
+            self.coordinator, ref, f"evaluation ({label})", stall_s, self.actors.replace_dead_engines
+        )
+        # with its wall-clock: what an experiment's held-out precision costs (reporting.power)
+        summary = {
+            **success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed),
+            "wall_s": time.monotonic() - started,
+        }
+        self.state["eval"][label] = summary
+        log.info("held-out (%s): %s", label, format_summary(summary))
+        return summary
+
+    def iteration(self, it: int) -> dict[str, float]:
+        import ray
+
+        from selective_rollout.policy_eval import eval_metrics
+        from selective_rollout.reporting.idle import engine_busy_delta, idle_metrics
+        from selective_rollout.runtime import task_stream, wait_for_coordinator
+
+        cfg = self.cfg
+        start = time.perf_counter()
+        window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
+        stream = task_stream(self.train_tasks, cfg.driver.task_shuffle_seed, self.state["cursor"])
+        tasks = list(itertools.islice(stream, window))
+        healths = self.actors.engine_healths()
+        ref = self.coordinator.rollout.remote(tasks, it)
+        batch = wait_for_coordinator(
+            self.coordinator,
+            ref,
+            f"rollout of iteration {it}",
+            cfg.driver.stall_timeout_s,
+            self.actors.replace_dead_engines,
+        )
+        self.actors.replace_dead_engines(probe=True)  # before the weight sync: a dead member would stall it
+        self.state["cursor"] += batch.tasks_consumed
+        metrics = dict(batch.metrics)
+        env_steps = metrics.get("rollout/env_steps", 0.0)
+        metrics.update(
+            cache_metrics(engine_counters(healths), engine_counters(self.actors.engine_healths()), env_steps)
+        )
+        if batch.experiences:
+            metrics.update(self.learner.train_step(batch.experiences))
+            metrics["system/weight_sync_s"] = self.actors.sync_weights()
+            metrics["system/served_logprob_gap"] = self.actors.served_gap
+        else:
+            log.warning("iteration %d: no trainable group (all cut, filtered or failed); no update", it)
+        if cfg.driver.eval_every and (it + 1) % cfg.driver.eval_every == 0 and it + 1 < cfg.driver.iterations:
+            metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
+        metrics.update(ray.get(self.coordinator.env_metrics.remote()))
+        metrics.update(self.actors.memory_metrics())
+        metrics["system/engine_restarts"] = float(self.actors.engine_restarts)
+        metrics["system/iteration_s"] = time.perf_counter() - start
+        busy = engine_busy_delta(engine_busy(healths), engine_busy(self.actors.engine_healths()))
+        learner_busy = metrics.get("train/step_s", 0.0)
+        metrics.update(idle_metrics(busy, len(self.engines), learner_busy, metrics["system/iteration_s"]))
+        self.state["wall_s"] += metrics["system/iteration_s"]
+        self.state["iteration"] = it + 1
+        self.logger.log(metrics, it)
+        if (it + 1) % cfg.trainer.save_every == 0 or it + 1 == cfg.driver.iterations:
+            self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
+        return metrics
+
+    def run(self) -> Path:
+        from selective_rollout.policy_eval import eval_metrics, format_summary
+        from selective_rollout.reporting.report import write_report
+
+        self.resume()
+        if self.cfg.driver.update_check and "update_check" not in self.state:
+            self.state["update_check"] = self.check_update()
+            self.logger.log(self.state["update_check"], -1)
+        if "before" not in self.state["eval"]:
+            if self.before_eval is None:
+                before = self.evaluate("before")
+            else:
+                before = self.state["eval"]["before"] = self.before_eval
+                log.info(
+                    "held-out (before): %s (known for these weights, not played again)",
+                    format_summary(before),
+                )
+            self.logger.log(eval_metrics(before), -1)
+        from tqdm import tqdm
+
+        first = self.state["iteration"]
+        bar = tqdm(
+            range(first, self.cfg.driver.iterations),
+            desc="iterations",
+            initial=first,
+            total=self.cfg.driver.iterations,
+            disable=not self.cfg.logging.progress,
+            mininterval=5,
+        )
+        for it in bar:
+            m = self.iteration(it)
+            bar.set_postfix(
+                cut=int(m.get("rollout/groups_cut", 0)),
+                kept=int(m.get("rollout/groups_completed", 0)),
+                success=f"{m.get('rollout/success_rate', 0):.2f}",
+            )
+        if "after" not in self.state["eval"]:
+            self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.driver.iterations)
+            self.save_final_state()
+        return write_report(self.run_dir, self.state, self.cfg.regime_k)
+
+    def save_final_state(self) -> None:
+        """Keep the final evaluation across a resume. The last iteration's checkpoint already holds
+        these weights: only its driver state is replaced (a full save would write the model and
+        the optimizer again, ~12 bytes per parameter, for nothing)."""
+        from selective_rollout.trainer.checkpoint import (
+            latest_checkpoint,
+            read_extra_state,
+            update_extra_state,
+        )
+
+        latest = latest_checkpoint(self.ckpt_dir)
+        if latest is not None and read_extra_state(latest).get("iteration") == self.state["iteration"]:
+            update_extra_state(latest, dict(self.state))
+        else:
+            self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
+
+    def close(self) -> None:
+        self.actors.close()
+        try:
+            self.logger.close()
+        except Exception as exc:  # as the actors' cleanup: never raise past it
+            log.warning("cleanup step failed: %s", exc)
