@@ -65,6 +65,8 @@ ENVS: Registry = Registry(
 )
 ENVS.add("alfworld", "selective_rollout.envs.alfworld:Alfworld")
 ENVS.add("tw-cooking", "selective_rollout.envs.tw_cooking:TwCooking")
+ENVS.add("skyrl_gym", "selective_rollout.envs.skyrl:SkyrlGym")
+ENVS.add("gymnasium", "selective_rollout.envs.gym_text:GymText")
 
 # ``requires``: the library a back-end imports at run time, checked before Ray starts
 BACKENDS: Registry = Registry(

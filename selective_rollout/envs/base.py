@@ -223,8 +223,8 @@ class Environment:
 
     def walkthrough(self, task: Task) -> list[str]:
         """Winning commands for ``task`` (what the warm start clones); raises ``TaskError`` when
-        the task has none."""
-        raise NotImplementedError
+        the task has none, as every task of an environment without walkthroughs."""
+        raise TaskError(f"{task.task_id}: environment {self.name!r} has no walkthroughs to clone")
 
     def task_of(self, first: Observation) -> str:
         """The task sentence of an episode's first observation."""

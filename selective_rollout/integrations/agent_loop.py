@@ -11,8 +11,10 @@ An environment is anything an ``EpisodeSource`` can open: an episode with async 
 ``close`` whose observations have ``obs`` (text), ``admissible`` (commands, [] if free-form),
 ``won`` and ``done``, the system prompt to play it with, and where a reply's action is (after
 ``Action:``, ReAct, or its first line). With an admissible list a reply's action is matched to one
-of its commands; without one (a free-form environment) the action is the text itself.
-``alfworld_game`` is the source for the generated ALFWorld games.
+of its commands; without one (a free-form environment) the action is the reply's text as is
+(``rollout.actions``). An observation with chat ``messages`` (the first one: the environment's own
+opening, system prompt included) is sent as those messages. ``environment_task`` is the source for
+a task of any registered environment, ``alfworld_game`` for an ALFWorld game folder.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from selective_rollout.envs.alfworld import Alfworld
+from selective_rollout.envs import ENVS
+from selective_rollout.envs.base import Environment, Message, folder_task, messages_of
 from selective_rollout.gate import Gate
 from selective_rollout.integrations.episodes import ThreadedEpisode
 from selective_rollout.integrations.live_group import LiveGroup
-from selective_rollout.rollout.actions import INVALID_ACTION, parse_action
+from selective_rollout.records import Task
+from selective_rollout.rollout.actions import parse_action
 from selective_rollout.rollout.prompts import system_prompt, user_text
 
 
@@ -58,11 +62,22 @@ class EpisodeSource:
     action_format: Literal["react", "action"] = "react"
 
 
+def environment_task(
+    environment: Environment, task: Task, action_format: Literal["react", "action"] = "react"
+) -> EpisodeSource:
+    """A task of any environment (``ENVS.build(name, params)``) as an episode source, worded by
+    the environment's prompt unless its first observation brings its own messages."""
+    return EpisodeSource(
+        task.task_id,
+        lambda: ThreadedEpisode.open_task(environment, task),
+        system_prompt(action_format, environment.prompt),
+        action_format,
+    )
+
+
 def alfworld_game(game_dir: str | Path) -> EpisodeSource:
     """An ALFWorld game folder (``alfworld_env``'s layout) as an episode source."""
-    return EpisodeSource(
-        str(game_dir), lambda: ThreadedEpisode.open(game_dir), system_prompt("react", Alfworld.prompt)
-    )
+    return environment_task(ENVS.build("alfworld"), folder_task(str(game_dir), str(game_dir), ""))
 
 
 @dataclass
@@ -144,15 +159,23 @@ async def _chat(
         ) from None
 
 
+def _user_turn(ob: AgentObservation) -> list[Message]:
+    """An observation as chat messages: its own, or the project's wording of its text."""
+    own = messages_of(ob)
+    return own if own is not None else [{"role": "user", "content": user_text(ob.obs, ob.admissible)}]
+
+
 async def _sample(
     client: httpx.AsyncClient, cfg: LoopConfig, group: LiveGroup, i: int, source: EpisodeSource
 ) -> SampleResult:
     res = SampleResult()
     episode, ob = await source.open()
-    messages = [{"role": "system", "content": source.system_prompt}]
+    opening = messages_of(ob)
+    messages = opening if opening is not None else [{"role": "system", "content": source.system_prompt}]
     try:
         for step in range(cfg.max_steps):
-            messages.append({"role": "user", "content": user_text(ob.obs, ob.admissible)})
+            if step or opening is None:
+                messages += _user_turn(ob)
             reply = await group.unless_cut(
                 i, _chat(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step)
             )
@@ -161,8 +184,9 @@ async def _sample(
             res.completion_tokens += int(reply["usage"].get("completion_tokens", 0))
             res.prompt_tokens += int(reply["usage"].get("prompt_tokens", 0))
             messages.append({"role": "assistant", "content": reply["text"]})
-            parsed = parse_action(reply["text"], ob.admissible, source.action_format, cfg.fuzzy_threshold)
-            command = parsed.command if ob.admissible else parsed.extracted or INVALID_ACTION
+            command = parse_action(
+                reply["text"], ob.admissible, source.action_format, cfg.fuzzy_threshold
+            ).command
             ob = await episode.step(command)
             res.actions.append(command)
             res.won = ob.won

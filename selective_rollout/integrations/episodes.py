@@ -1,41 +1,38 @@
-"""In-process ALFWorld episodes shared by the integrations (OpenRLHF agent, inference loop).
+"""In-process episodes of any registered environment, shared by the integrations (OpenRLHF agent,
+inference loop).
 
-textworld's grammar parser (tatsu) is not thread-safe, and episodes are stepped in worker
-threads so an event loop keeps generating meanwhile: episodes of one process take turns.
+Episodes are stepped in worker threads so an event loop keeps generating meanwhile, and the
+episodes of one process take turns: textworld's grammar parser (tatsu), under ALFWorld and
+TextWorld Cooking, is not thread-safe, and an engine of another library need not be either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 from typing import Any
 
-from alfworld_env.engine import Observation
-from selective_rollout.envs.alfworld import GAME_FILE, AlfworldSource
-from selective_rollout.envs.base import Episode, folder_task
+from selective_rollout.envs.base import Environment, Episode, Observation
+from selective_rollout.records import Task
 
-_TEXTWORLD_LOCK = threading.Lock()
+_ENGINE_LOCK = threading.Lock()
 
 
 def _locked(fn: Any, *args: Any) -> Any:
-    with _TEXTWORLD_LOCK:
+    with _ENGINE_LOCK:
         return fn(*args)
 
 
 class ThreadedEpisode:
-    """One episode of a game folder, reset/step/close off the event loop, one at a time per process."""
+    """One episode, reset/step/close off the event loop, one at a time per process."""
 
     def __init__(self, episode: Episode) -> None:
         self._episode = episode
 
     @classmethod
-    async def open(cls, game_dir: str | Path) -> tuple[ThreadedEpisode, Observation]:
-        game_file = Path(game_dir) / GAME_FILE
-        if not game_file.is_file():
-            raise FileNotFoundError(f"not an ALFWorld game folder (no game.tw-pddl): {game_dir}")
-        task = folder_task(str(game_dir), str(game_dir), "")
-        (episode,) = await asyncio.to_thread(_locked, AlfworldSource().open, task, 1)
+    async def open_task(cls, environment: Environment, task: Task) -> tuple[ThreadedEpisode, Observation]:
+        """An episode of ``task`` of ``environment``; raises ``TaskError`` naming what cannot be played."""
+        episode = await asyncio.to_thread(_locked, environment.episode, task)
         return cls(episode), await asyncio.to_thread(_locked, episode.reset)
 
     async def step(self, command: str) -> Observation:

@@ -22,7 +22,8 @@ import torch
 from openrlhf.utils.agent import AgentInstanceBase
 
 from alfworld_env import load_games
-from selective_rollout.envs.alfworld import Alfworld
+from selective_rollout.envs import ENVS
+from selective_rollout.envs.base import folder_task
 from selective_rollout.gate import build_gate
 from selective_rollout.integrations.episodes import ThreadedEpisode
 from selective_rollout.integrations.openrlhf import (
@@ -34,6 +35,7 @@ from selective_rollout.rollout.actions import parse_action
 from selective_rollout.rollout.prompts import PromptBuilder, user_text
 
 FUZZY_THRESHOLD = 0.85
+ENVIRONMENT = "alfworld"  # the registry entry whose game folders the prompts' labels name
 
 
 def _env_int(name: str, default: int | None = None) -> int:
@@ -57,8 +59,10 @@ class ALFWorldInstance(AgentInstanceBase):
 
     async def reset(self, states: dict, **kwargs: Any) -> dict:
         self.tokenizer = current_tokenizer()
-        self.builder = PromptBuilder(self.tokenizer, "react", Alfworld.prompt)
-        self.episode, ob = await ThreadedEpisode.open(str(states["label"]))
+        environment = ENVS.build(ENVIRONMENT)
+        self.builder = PromptBuilder(self.tokenizer, "react", environment.prompt)
+        label = str(states["label"])
+        self.episode, ob = await ThreadedEpisode.open_task(environment, folder_task(label, label, ""))
         self.admissible = ob.admissible
         ids = self.builder.prompt([], user_text(ob.obs, ob.admissible))
         return {"observation": self.tokenizer.decode(ids)}
