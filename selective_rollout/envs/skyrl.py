@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from selective_rollout.envs.base import Episode, Message, as_task_error
 from selective_rollout.envs.ecosystem import (
@@ -38,14 +38,22 @@ _NOT_EXTRAS = ("prompt", "env_class")
 class SkyrlParams(EcosystemParams):
     data_files: dict[str, list[str]] | list[str] = Field(
         default_factory=list,
-        description="rows in SkyRL's format (.jsonl or .parquet): {split: [files]}, or [files] whose "
-        "rows name their split in extra_info.split (train when absent)",
+        validate_default=True,
+        description="required: rows in SkyRL's format (.jsonl or .parquet): {split: [files]}, or [files] "
+        "whose rows name their split in extra_info.split (train when absent)",
     )
     env_config: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="per env_class, the env_config its environments are made with (SkyRL's "
         "environment.skyrl_gym.<env_class> section)",
     )
+
+    @field_validator("data_files")
+    @classmethod
+    def _given(cls, value: dict[str, list[str]] | list[str]) -> dict[str, list[str]] | list[str]:
+        if not value:
+            raise ValueError("env.name=skyrl_gym needs env.data_files, the rows to play")
+        return value
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -146,8 +154,6 @@ class SkyrlGym(EcosystemEnvironment):
     @cached_property
     def _rows(self) -> dict[str, list[dict[str, Any]]]:
         files = self.params.data_files
-        if not files:
-            raise ValueError("env.data_files: skyrl_gym needs data files (rows in SkyRL's format)")
         by_split: dict[str, list[dict[str, Any]]] = {}
         if isinstance(files, dict):
             for split, paths in files.items():

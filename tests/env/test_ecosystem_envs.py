@@ -95,9 +95,8 @@ def test_a_skyrl_episode_is_its_environment_made_from_its_row(tmp_path):
 
 
 def test_env_imports_that_fail_are_one_line():
-    source = (
-        load_config(None, ["env.name=skyrl_gym", "env.imports=[no_such_module_xyz]"]).env.build().source()
-    )
+    overrides = ["env.name=skyrl_gym", "env.data_files=[rows.jsonl]", "env.imports=[no_such_module_xyz]"]
+    source = load_config(None, overrides).env.build().source()
     with pytest.raises(TaskError, match=r"env.imports: cannot import 'no_such_module_xyz'"):
         source.prepare()
 
@@ -149,6 +148,8 @@ def test_a_gymnasium_truncation_ends_the_episode_without_a_win():
     assert shown.done and not shown.won
 
 
-def test_gymnasium_needs_its_id():
+def test_the_adapters_required_keys_are_one_line():
     with pytest.raises(ConfigError, match=r"env\.id: env.name=gymnasium needs env.id"):
         load_config(None, ["env.name=gymnasium"])
+    with pytest.raises(ConfigError, match=r"env\.data_files: env.name=skyrl_gym needs env.data_files"):
+        load_config(None, ["env.name=skyrl_gym"])
