@@ -6,6 +6,7 @@ env worker carries their rewards and messages; a wrong split or a missing key is
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -153,3 +154,21 @@ def test_the_adapters_required_keys_are_one_line():
         load_config(None, ["env.name=gymnasium"])
     with pytest.raises(ConfigError, match=r"env\.data_files: env.name=skyrl_gym needs env.data_files"):
         load_config(None, ["env.name=skyrl_gym"])
+
+
+def test_the_integrations_open_a_task_of_any_registered_environment(tmp_path):
+    from selective_rollout.integrations.agent_loop import environment_task
+
+    env = skyrl_env([f"env.data_files=[{write_jsonl(tmp_path / 'r.jsonl', [row(0)])}]"])
+    (task,) = env.tasks("train")
+    source = environment_task(env, task, "action")
+
+    async def play():
+        episode, first = await source.open()
+        shown = await episode.step("hello")
+        await episode.close()
+        return first, shown
+
+    first, shown = asyncio.run(play())
+    assert source.name == "train-0" and first.messages[0]["content"] == skyrl_turns_env.SYSTEM
+    assert shown.messages == [{"role": "user", "content": "Turn 1 heard. Go on."}]
