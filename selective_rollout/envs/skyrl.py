@@ -78,7 +78,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _checked(row: Any, where: str) -> dict[str, Any]:
+def _checked(row: Any, where: str) -> None:
+    """One line naming the row when it lacks what every episode is made from."""
     ok = (
         isinstance(row, dict)
         and isinstance(row.get("prompt"), list)
@@ -86,7 +87,6 @@ def _checked(row: Any, where: str) -> dict[str, Any]:
     )
     if not ok:
         raise ValueError(f"{where}: a row needs 'prompt' (chat messages) and 'env_class' (a skyrl-gym id)")
-    return row
 
 
 class SkyrlEpisode:
@@ -153,22 +153,20 @@ class SkyrlGym(EcosystemEnvironment):
 
     @cached_property
     def _rows(self) -> dict[str, list[dict[str, Any]]]:
+        """The rows of each split, in file order: a file's split is its key in ``env.data_files``,
+        or (a list of files) each row's ``extra_info.split``."""
         files = self.params.data_files
+        named = (
+            [(split, path) for split, paths in files.items() for path in paths]
+            if isinstance(files, dict)
+            else [(None, path) for path in files]
+        )
         by_split: dict[str, list[dict[str, Any]]] = {}
-        if isinstance(files, dict):
-            for split, paths in files.items():
-                for path in paths:
-                    rows = read_rows(Path(path))
-                    by_split.setdefault(split, []).extend(
-                        _checked(r, f"{path} row {i}") for i, r in enumerate(rows)
-                    )
-            return by_split
-        for path in files:
+        for split, path in named:
             for i, row in enumerate(read_rows(Path(path))):
-                split = str(
-                    ((_checked(row, f"{path} row {i}").get("extra_info") or {}).get("split")) or "train"
-                )
-                by_split.setdefault(split, []).append(row)
+                _checked(row, f"{path} row {i}")
+                name = split or str((row.get("extra_info") or {}).get("split") or "train")
+                by_split.setdefault(name, []).append(row)
         return by_split
 
     @property
