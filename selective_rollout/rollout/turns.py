@@ -129,7 +129,9 @@ class Turns:
         for i, st in enumerate(states):
             if st.failed:
                 raise GroupFailed(f"env worker failed opening {task.task_id}: {st.failed}")
-            messages = getattr(st, "messages", None)  # a pool of text states may not carry them
+            # the environment's own first messages, if any; a pool or agent written for text
+            # observations alone need not know of them
+            messages = getattr(st, "messages", None)
             opening = {"messages": messages} if messages is not None else {}
             conversation = self.agent.start(st.task, st.obs, st.admissible, **opening)
             traj = TrajectoryRun(i, st.episode_id, f"{group.group_id}-t{i}", conversation)
