@@ -4,9 +4,11 @@ One decode step of a left-padded batch (the engine's layout: a padding mask, a K
 by one token) for the rollout model, timed with transformers' own SDPA attention and
 ``DynamicCache`` (which repeat the KV heads and copy the cache on every token) against the
 engine's grouped-query attention and in-place ``GrowingCache``, in fp32 and bf16, at the batch
-sizes and KV lengths of the CPU profile's rollouts. Prints ms per step and the ratios.
+sizes and KV lengths of the CPU profile's rollouts (``--shapes``). Prints ms per step and the ratios.
 
-    python bench/decode_kernels.py [--model smollm2-135m-instruct] [--steps 8]
+    python bench/decode_kernels.py [--model smollm2-135m-instruct] [--steps 8] [--shapes 8x200 ...]
+
+``--tiny`` (what CI runs): one step of a batch of 2 over 16 tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import time
 
 import torch
+from _tiny import parse_args
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from selective_rollout.models import resolve_model
@@ -46,7 +49,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--shapes", nargs="+", default=["8x200", "32x200", "32x400"], help="BATCHxKV_LENGTH per row"
+    )
+    args = parse_args(parser, steps=1, shapes=["2x16"])
     torch.set_num_threads(args.threads)
     path = resolve_model(args.model, None)
     print(f"model {args.model}, {args.threads} threads, ms per decode step (mean of {args.steps})")
@@ -58,7 +64,7 @@ def main() -> None:
         ours = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, dtype), attn_implementation=grouped_attention.register()
         )
-        for batch, kv_len in ((8, 200), (32, 200), (32, 400)):
+        for batch, kv_len in (map(int, shape.split("x")) for shape in args.shapes):
             a = step_ms(ref.eval(), DynamicCache, batch, kv_len, args.steps)
             b = step_ms(ours.eval(), GrowingCache, batch, kv_len, args.steps)
             print(f"{dtype:<9} {batch:>5} {kv_len:>5} {a:>13.1f} {b:>16.1f} {a / b:>5.2f}x")

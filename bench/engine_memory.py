@@ -13,6 +13,7 @@ engine held at the peak and the wall-clock, then the ratios jemalloc / glibc:
 
     python bench/engine_memory.py [--config configs/cpu_default.yaml --waves 2 --groups 3 --repeats 1]
         [--malloc-conf background_thread:true ...]   # more jemalloc arms, one per MALLOC_CONF
+        [--tiny]                                     # one wave of one group of 2 (what CI runs)
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
+
+from _tiny import parse_args
 
 from selective_rollout.process_memory import in_fresh_process, jemalloc_library
 
@@ -118,7 +121,7 @@ def main() -> None:
         help="more jemalloc arms, one per MALLOC_CONF string (e.g. background_thread:true)",
     )
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    args = ap.parse_args()
+    args = parse_args(ap, waves=1, groups=1, group_size=2)
     lib = jemalloc_library()
     if lib is None:
         raise SystemExit("no jemalloc: this Ray's wheel ships no ray/core/libjemalloc.so")

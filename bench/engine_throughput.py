@@ -15,6 +15,9 @@ trajectories each hold a cached ~``--prompt-tokens`` dialogue and send their nex
 ~``--suffix-tokens`` observation) at once with ``max_tokens=1``, so the timed work is the prefill
 of B suffixes over their cached prefixes, what a rollout's engine does each turn; it prints
 prefill tokens/s per batch size and the ratio batched / one at a time.
+
+``--tiny`` (either mode) runs G = 2 on a 64-token prompt, or prefill batches of 1 and 2 in fp32:
+what CI runs. An engine this machine lacks (vLLM without a GPU) is reported as not available and skipped.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from _tiny import parse_args
 
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.models import resolve_model
@@ -267,7 +271,8 @@ def main() -> None:
     ap.add_argument("--prefill-batches", nargs="+", type=int, default=[1, 4, 16])
     ap.add_argument("--suffix-tokens", type=int, default=40, help="--prefill: new tokens per turn")
     ap.add_argument("--dtype", default="bfloat16", help="--prefill: the engine's dtype (the CPU profile's)")
-    args = ap.parse_args()
+    sizes = {"groups": [2], "prompt_tokens": 64, "new_tokens": 4, "prefill_batches": [1, 2]}
+    args = parse_args(ap, **sizes, suffix_tokens=8, dtype="float32")
     results = asyncio.run(prefill_async(args) if args.prefill else main_async(args))
     results["machine"] = {
         "cpus": os.cpu_count(),

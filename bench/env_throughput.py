@@ -3,7 +3,7 @@ parse cache, plus the uniform-random-policy win rate within 15 steps per preset.
 
 One env worker is one process, so measuring in this process gives the per-worker figures.
 Usage: ``python bench/env_throughput.py [--games 12] [--episodes 120] [--presets tiny,small]
-[--win-rate-only]``.
+[--win-rate-only] [--tiny]``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from _tiny import parse_args
 
 from alfworld_env import GameInfo, load_games, speedups
 from alfworld_env.engine import Episode
@@ -81,7 +83,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="G copies per game (reset cost is per copy)")
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--win-rate-only", action="store_true", help="skip the throughput table")
-    args = ap.parse_args()
+    args = parse_args(ap, games=2, episodes=2, steps=2, group=2, presets="tiny")
     presets = args.presets.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         if not args.win_rate_only:

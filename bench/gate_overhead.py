@@ -6,7 +6,7 @@ step is deliberately the cheapest part of a step, the ALFWorld environment step 
 measured on a 2-core CPU), so the percentage is an upper bound: a real step adds an
 LLM generation on top. Override it with --step-s.
 
-Run: python bench/gate_overhead.py [--step-s 0.12] [--repeats 200]
+Run: python bench/gate_overhead.py [--step-s 0.12] [--repeats 200] [--tiny]
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import random
 import time
 from collections.abc import Callable
 
+from _tiny import parse_args
+
 from selective_rollout.gate import DivergenceTracker, PrefixEditGate, levenshtein_py, prefix_edit_distance
-from selective_rollout.gate.base import GroupState
+from selective_rollout.gate.base import GroupView
 
 ACTIONS = [f"go to cabinet {i}" for i in range(1, 12)] + [
     "take pan 1 from stoveburner 1",
@@ -62,7 +64,7 @@ def main() -> None:
     )
     parser.add_argument("--step-s", type=float, default=0.12, help="reference rollout step time (s)")
     parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
+    args = parse_args(parser, repeats=5)
     rng = random.Random(0)
     header = (
         f"{'G':>3} {'K':>3} | {'C lib us':>9} {'Python us':>10} {'speed-up':>8} | "
@@ -75,7 +77,7 @@ def main() -> None:
         for k in (10, 30):
             group = make_group(g, k, rng)
             gate = PrefixEditGate(k=k, tau=0.12)
-            state = GroupState(group, step=k)
+            state = GroupView(group, step=k)
             c_us = time_us(lambda gate=gate, state=state: gate.decide(state), args.repeats)
             py_us = time_us(
                 lambda group=group, k=k: prefix_edit_distance(group, k, lev=levenshtein_py),

@@ -4,7 +4,7 @@ Starts the package's OpenAI-compatible server (SmolLM2 on CPU) on loopback unles
 (e.g. a ``vllm serve`` endpoint), generates tiny ALFWorld games, and runs every game twice with
 the same seeds: all G samples, and gated (cut G-1 once the gate fires, one survivor finishes).
 
-    PYTHONPATH=. python bench/infer_savings.py --num-games 4 --g 4 --k 2 --tau 0.3
+    PYTHONPATH=. python bench/infer_savings.py --num-games 4 --g 4 --k 2 --tau 0.3 [--tiny]
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import argparse
 import asyncio
 import tempfile
 from pathlib import Path
+
+from _tiny import parse_args
 
 from alfworld_env import ensure_games, load_games
 from selective_rollout.gate import build_gate
@@ -53,7 +55,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
+    a = parse_args(ap, num_games=1, g=2, max_steps=2, max_tokens=8)
     with tempfile.TemporaryDirectory() as tmp:
         root = ensure_games(tmp, preset="tiny", n_train=a.num_games, n_valid=1, seed=a.seed)
         games = [x.game_dir for x in load_games(root, "train")[: a.num_games]]

@@ -8,7 +8,7 @@ fires). No mock transport: real HTTP, real engine, real game engine. Prints a ro
 the pooled tokens saved, the mean per-game saving and the share of games whose best-of-N answer
 agrees, each with a bootstrap 95% CI over games.
 
-    PYTHONPATH=. python bench/langgraph_gate.py --num-games 8 --g 4 --k 2 --tau 0.3
+    PYTHONPATH=. python bench/langgraph_gate.py --num-games 8 --g 4 --k 2 --tau 0.3 [--tiny]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from _tiny import parse_args
 
 from alfworld_env import ensure_games, load_games
 from selective_rollout.gate import build_gate
@@ -87,15 +88,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="langgraph-games-"))
-    ensure_games(root, preset=args.preset, n_train=0, n_valid=args.num_games)
-    games = [str(x.game_dir) for x in load_games(root, "valid_seen")[: args.num_games]]
-    if args.base_url:
-        rows = asyncio.run(side_by_side(args.base_url, games, args))
-    else:
-        with serve_subprocess(resolve_model("smollm2-135m-instruct"), name=args.model) as url:
-            rows = asyncio.run(side_by_side(url, games, args))
+    args = parse_args(ap, num_games=1, g=2, max_steps=2, max_tokens=8)
+    with tempfile.TemporaryDirectory(prefix="langgraph-games-") as root:
+        ensure_games(root, preset=args.preset, n_train=0, n_valid=args.num_games)
+        games = [str(x.game_dir) for x in load_games(root, "valid_seen")[: args.num_games]]
+        if args.base_url:
+            rows = asyncio.run(side_by_side(args.base_url, games, args))
+        else:
+            with serve_subprocess(resolve_model("smollm2-135m-instruct"), name=args.model) as url:
+                rows = asyncio.run(side_by_side(url, games, args))
     print(summary(rows))
 
 

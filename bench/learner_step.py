@@ -6,7 +6,14 @@ every position, weight-sync seconds per method (gloo process group vs Ray object
 Each learner configuration runs one warm-up step and then ``--steps`` measured steps on the same
 synthetic multi-turn batch (random token ids shaped like ALFWorld dialogues; the allocator arms on
 batches of 1-4 extra turns, a new length every step). Prints one JSON object; ``--out`` also
-writes it.
+writes it. A section that fails is reported in it and the script exits 1 once every other section
+has run.
+
+    python bench/learner_step.py [--only zero precision lora packing projection sync allocator] [--tiny]
+
+``--tiny`` (what CI runs) plays one group of two one-turn trajectories in the sections with code of
+their own: zero, packing, projection and sync (precision and lora time zero's learner in another
+config).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 
 import ray
 import torch
+from _tiny import parse_args
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config import load_config
@@ -185,7 +193,7 @@ def sync_seconds(model: Path, method: str, engines: int, repeats: int) -> dict:
             ray.kill(a)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--groups", type=int, default=2)
@@ -202,7 +210,7 @@ def main() -> None:
         help="sections to run; `allocator` (not run by default) compares glibc with jemalloc",
     )
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parse_args(parser, groups=1, group_size=2, turns=1, only=["zero", "packing", "projection", "sync"])
 
     model = resolve_model(args.model)
     vocab = AutoModelForCausalLM.from_pretrained(model).config.vocab_size
@@ -258,7 +266,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
+    return 1 if any("error" in v for v in result.values() if isinstance(v, dict)) else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

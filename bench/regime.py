@@ -14,7 +14,8 @@ Pass overrides to measure another profile side by side, e.g. the previous defaul
 ``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
 (``python -m selective_rollout.gate.offline.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
 prints the regime of logged groups instead (e.g. an experiment's ungated arms, pooled), and for a
-gated log what its audits cost as a share of its step-tokens.
+gated log what its audits cost as a share of its step-tokens. ``--tiny`` (what CI runs) plays
+one group of the tiny run (``TINY_RUN``) under the overrides given.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+from _tiny import parse_args
 
 from selective_rollout.config import load_config
 from selective_rollout.records import GroupRecord, Outcome, read_groups
@@ -142,7 +145,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep rollouts.jsonl here")
     parser.add_argument("--rollouts", type=Path, nargs="+", help="analyse these logs instead of running")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parse_args(parser, tasks=1)
     if args.rollouts:
         k = load_config(args.config, args.overrides).regime_k
         print_regime([g for path in args.rollouts for g in read_groups(path)], k)

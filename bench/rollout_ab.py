@@ -24,7 +24,10 @@ stream, back to back, and the script prints ratios:
    in a rollout the arms' batches differ, so their trajectories differ a little (compare their
    step-tokens). Printed: env steps/s and the engine's decode forwards per env step.
 
-    python bench/rollout_ab.py [--tasks 8] [--config configs/cpu_default.yaml] [overrides ...]
+    python bench/rollout_ab.py [--tasks 8] [--config configs/cpu_default.yaml] [--tiny] [overrides ...]
+
+``--tiny`` (what CI runs) plays one task per arm on the tiny run (``TINY_RUN``) under the overrides
+given.
 
 Each arm also prints where its time went: env steps/s, generated tokens/s, prompt tokens prefilled
 per env step, the engine busy fraction (share of the arm's wall-clock with at least one request in
@@ -41,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _tiny import parse_args
 
 from selective_rollout.config import load_config
 from selective_rollout.records import Outcome
@@ -105,7 +110,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list of parts to skip: gate,lockstep,dapo,jump")
     parser.add_argument("--rounds", type=int, default=1, help="alternations of the two arms of part 4")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parse_args(parser, tasks=1)
     skip = set(filter(None, args.skip.split(",")))
 
     import ray
