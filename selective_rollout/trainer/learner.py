@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import deepspeed
 import torch
+import torch.distributed as dist
+from deepspeed.constants import default_pg_timeout
 
 from selective_rollout import process_memory
 from selective_rollout.config.trainer import TrainerConfig
@@ -27,15 +28,15 @@ from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
 from selective_rollout.trainer.objective import acting_logprobs, micro_batch_loss
 from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
-from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
+from selective_rollout.weight_sync.collective import (
+    SyncAborted,
+    TensorSpec,
+    broadcast,
+    group_on_store,
+    host_store,
+)
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _skip_shm_comm_build() -> None:
@@ -114,14 +115,40 @@ class LearnerWorker:
         self.ref_model: torch.nn.Module | None = None
         self.sync_pg: Any = None
         self._grad_norm: float | None = None
+        self._world_store: dist.TCPStore | None = None  # rank 0's, from rendezvous_address to setup
+        self._sync_store: dist.TCPStore | None = None  # from open_sync_store to init_sync_group
 
     # -- set-up ------------------------------------------------------------------------------
     def rendezvous_address(self) -> tuple[str, int]:
-        """Rank 0's address and a free port, for the learners' own distributed world."""
-        import ray
+        """Rank 0's address and the port of the store it now hosts for the learners' own world.
 
-        host = ray.util.get_node_ip_address()
-        return host, free_port(host)
+        The store listens on a port the system picked until ``setup`` builds the world on it: a
+        port found free, closed and named to the other ranks could be taken in between."""
+        host = _node_ip()
+        self._world_store = host_store(host, self.world_size, default_pg_timeout.total_seconds())
+        return host, self._world_store.port
+
+    def _init_world(self, master_addr: str, master_port: int, cuda: bool) -> None:
+        """The learners' world on rank 0's store (DeepSpeed then adopts it): rank 0 brings the
+        store ``rendezvous_address`` opened, the others connect to it."""
+        if self.rank == 0:
+            if self._world_store is None:
+                raise RuntimeError("setup on rank 0 before rendezvous_address")
+            store, self._world_store = self._world_store, None
+        else:
+            store = dist.TCPStore(
+                master_addr, master_port, self.world_size, is_master=False, timeout=default_pg_timeout
+            )
+        # as DeepSpeed's own initialisation would: CUDA groups bound to this actor's device
+        device = {"device_id": torch.device("cuda", 0)} if cuda else {}
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=default_pg_timeout,
+            **device,
+        )
 
     def setup(self, master_addr: str, master_port: int) -> None:
         cuda = torch.cuda.is_available()
@@ -140,6 +167,7 @@ class LearnerWorker:
                 "trainer.precision %s: %s on this %s", self.cfg.precision, precision, "GPU" if cuda else "CPU"
             )
             self.cfg = self.cfg.model_copy(update={"precision": precision})
+        self._init_world(master_addr, master_port, cuda)
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
         torch.manual_seed(self.seed)  # the same LoRA init on every rank
         model = load_policy(self.model_path, self.cfg)
@@ -288,9 +316,20 @@ class LearnerWorker:
         """This rank's replica (every rank computes it: ``replica_checksums`` compares them)."""
         return checksum(self._exported(), dtype)
 
-    def init_sync_group(self, host: str, port: int, world_size: int, backend: str) -> None:
-        """Host the learner->engines group as its rank 0 (engines join with ranks 1..N)."""
-        self.sync_pg = make_sync_group(backend, host, port, 0, world_size)
+    def open_sync_store(self, world_size: int) -> tuple[str, int]:
+        """Open the store of the learner->engines group (rank 0's) and return its address, for the
+        engines to join ``init_sync_group``'s group at; the port is the system's pick and held."""
+        host = _node_ip()
+        self._sync_store = host_store(host, world_size)
+        return host, self._sync_store.port
+
+    def init_sync_group(self, world_size: int, backend: str) -> None:
+        """Host the learner->engines group as its rank 0 (engines join with ranks 1..N), on the
+        store ``open_sync_store`` opened."""
+        if self._sync_store is None:
+            raise RuntimeError("init_sync_group before open_sync_store")
+        store, self._sync_store = self._sync_store, None
+        self.sync_pg = group_on_store(store, backend, 0, world_size)
 
     def send_weights(self) -> None:
         """Broadcast every exported tensor, in ``weight_specs`` order, to the engines: one module
@@ -341,3 +380,10 @@ class LearnerWorker:
         if not rng_file.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no RNG state for learner rank {self.rank}")
         checkpoint.load_rng(rng_file)
+
+
+def _node_ip() -> str:
+    """This node's address as Ray knows it (what the other actors reach it at)."""
+    import ray
+
+    return ray.util.get_node_ip_address()

@@ -299,13 +299,13 @@ class LearnerGroup:
         raise WeightSyncFailed(message, dead)
 
     def _connect(self, engines: list, backend: str) -> None:
-        host, port = ray.get(self.actors[0].rendezvous_address.remote())
         firsts, world = sync_ranks(ray.get([e.sync_workers.remote() for e in engines]))
+        host, port = ray.get(self.actors[0].open_sync_store.remote(world))
         joins = [
             e.init_weight_sync.remote(host, port, first, world, backend)
             for first, e in zip(firsts, engines, strict=True)
         ]
-        ray.get([self.actors[0].init_sync_group.remote(host, port, world, backend), *joins])
+        ray.get([self.actors[0].init_sync_group.remote(world, backend), *joins])
         self._store_address = (host, port)
         self._specs = self._on_rank0("weight_specs")
         self._sync_engines = engines

@@ -12,12 +12,22 @@ blocks on a broadcast: each polls its transfer and, while it is pending, the gro
 for an ``ABORT_KEY`` that whoever notices a failure sets (``call_off``: the driver when a
 member's Ray call fails, a member whose own broadcast fails). Seeing it, a member abandons the
 group and raises ``SyncAborted`` within about ``POLL_STORE_S``; the group is then rebuilt.
+
+On NCCL that abandon has to be this code's to make: torch's default async error handling
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING`` 3, SkipCleanUp) ends the whole process on a NCCL error or
+timeout, which would take learner rank 0 down with a dead engine. The sync group is therefore
+built with CleanUpOnly (2: the communicator is aborted and the transfer fails, the process lives),
+scoped to its own construction (``nccl_error_handling``): the variable is read per process group
+when it is made, so DeepSpeed's and vLLM's own groups keep their setting.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar
@@ -28,6 +38,15 @@ import torch.distributed as dist
 ABORT_KEY = "weight-sync-abort"  # in the group's TCPStore, outside the process group's own prefix
 POLL_STORE_S = 0.2  # how often a pending broadcast looks at the store for ABORT_KEY
 SYNC_TIMEOUT_S = 300.0  # the collective's own timeout (NCCL's and gloo's default), a last resort
+# A pending transfer is first checked this many times without sleeping (about a millisecond: a
+# small tensor is done by then), then between sleeps that double from FIRST_SLEEP_S to MAX_SLEEP_S.
+SPIN_CHECKS = 1000
+FIRST_SLEEP_S = 2e-5
+MAX_SLEEP_S = 1e-3
+# Read by ProcessGroupNCCL's constructor (before its older name NCCL_ASYNC_ERROR_HANDLING, which it
+# also reads); 2 is CleanUpOnly.
+NCCL_ERROR_HANDLING_VAR = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+NCCL_CLEAN_UP_ONLY = "2"
 
 
 @dataclass(frozen=True)
@@ -87,15 +106,7 @@ class SyncGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         work = self.pg.broadcast([tensor], opts)
-        delay, next_look = 1e-4, time.monotonic() + POLL_STORE_S
-        while not work.is_completed():
-            if time.monotonic() >= next_look:
-                if (reason := self.called_off()) is not None:
-                    self.abandon()
-                    raise SyncAborted(f"weight sync called off: {reason}")
-                next_look = time.monotonic() + POLL_STORE_S
-            time.sleep(delay)
-            delay = min(2 * delay, 0.01)
+        self._wait(work)
         try:
             work.wait()  # raises the backend's error; on NCCL the current stream waits on the copy
         except Exception as exc:
@@ -103,6 +114,28 @@ class SyncGroup:
             self.call_off(reason)
             self.abandon()
             raise SyncAborted(reason) from exc
+
+    def _wait(self, work: dist.Work) -> None:
+        """Return once ``work`` is no longer pending, looking at the store every ``POLL_STORE_S``.
+
+        A transfer that finishes within ``SPIN_CHECKS`` checks costs no sleep at all (a model has
+        hundreds of small tensors: a fixed sleep each would add up); a longer one is checked
+        between sleeps that start at ``FIRST_SLEEP_S``, so its end is seen at most about that
+        much late at first and ``MAX_SLEEP_S`` late at worst."""
+        spins, delay = SPIN_CHECKS, FIRST_SLEEP_S
+        next_look = time.monotonic() + POLL_STORE_S
+        while not work.is_completed():
+            if time.monotonic() >= next_look:
+                if (reason := self.called_off()) is not None:
+                    self.abandon()
+                    raise SyncAborted(f"weight sync called off: {reason}")
+                next_look = time.monotonic() + POLL_STORE_S
+            if spins:
+                spins -= 1
+                os.sched_yield()  # releases the GIL: a peer rank may be a thread of this process
+            else:
+                time.sleep(delay)
+                delay = min(2 * delay, MAX_SLEEP_S)
 
     def called_off(self) -> str | None:
         """Why the sync was called off, or None; a store that cannot be reached (its host, the
@@ -117,7 +150,7 @@ class SyncGroup:
     def call_off(self, reason: str) -> None:
         """Tell every member to stop (best effort: a store that is gone has told them already)."""
         with contextlib.suppress(Exception):
-            self.store.set(ABORT_KEY, reason)
+            _set_reason(self.store, reason)
 
     def abandon(self) -> None:
         """Stop using this group: NCCL's communicator is aborted (that ends a kernel stuck on a
@@ -139,14 +172,91 @@ def call_off(host: str, port: int, reason: str, timeout_s: float = 10.0) -> bool
         store = dist.TCPStore(
             host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
         )
-        store.set(ABORT_KEY, reason)
+        _set_reason(store, reason)
     except Exception:
         return False
     return True
 
 
+def _set_reason(store: dist.Store, reason: str) -> None:
+    """Set ``ABORT_KEY`` unless it is set: the first reason is the cause, later ones follow from it
+    (a member stopped by the call-off, the driver seeing that member's call fail)."""
+    store.compare_set(ABORT_KEY, "", reason)
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
+class _ScopedEnv:
+    """One environment variable set while any thread is inside ``scope``, and put back as it was
+    (its value, or its absence) when the last one leaves. A count, not a lock held across the
+    body: the ranks a process hosts (threads of an engine double) build their groups at the same
+    time and wait for each other inside."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._saved: str | None = None
+
+    @contextlib.contextmanager
+    def scope(self, value: str) -> Iterator[None]:
+        with self._lock:
+            if not self._inside:
+                self._saved = os.environ.get(self.name)
+            self._inside += 1
+            os.environ[self.name] = value
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if not self._inside:
+                    if self._saved is None:
+                        os.environ.pop(self.name, None)
+                    else:
+                        os.environ[self.name] = self._saved
+
+
+_NCCL_ERROR_HANDLING = _ScopedEnv(NCCL_ERROR_HANDLING_VAR)
+
+
+def nccl_error_handling(mode: str) -> contextlib.AbstractContextManager[None]:
+    """``TORCH_NCCL_ASYNC_ERROR_HANDLING=mode`` for the process groups made inside the block only."""
+    return _NCCL_ERROR_HANDLING.scope(mode)
+
+
+def host_store(host: str, world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> dist.TCPStore:
+    """Rank 0's store on a port the system picks (``store.port``): it listens from the start, so
+    no other process can take the port between choosing it and handing it to the other ranks."""
+    return dist.TCPStore(
+        host, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def group_on_store(
+    store: dist.TCPStore,
+    backend: str,
+    rank: int,
+    world_size: int,
+    timeout_s: float = SYNC_TIMEOUT_S,
+    group_name: str = "weight-sync",
+) -> SyncGroup:
+    """This member's end of the group whose rendezvous is ``store``; every rank must call it. On
+    NCCL the group is made with CleanUpOnly error handling (``nccl_error_handling``)."""
+    prefixed = dist.PrefixStore(group_name, store)
+    timeout = timedelta(seconds=timeout_s)
+    with nccl_error_handling(NCCL_CLEAN_UP_ONLY):
+        if backend == "gloo":
+            pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        elif backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+        else:
+            raise ValueError(f"weight-sync backend must be 'gloo' or 'nccl', got {backend!r}")
+    return SyncGroup(pg, store, backend, rank)
 
 
 def make_sync_group(
@@ -158,21 +268,11 @@ def make_sync_group(
     timeout_s: float = SYNC_TIMEOUT_S,
     group_name: str = "weight-sync",
 ) -> SyncGroup:
-    """Join (rank > 0) or host (rank 0, which also hosts the store) a standalone group; every
-    rank must call it."""
+    """Join (rank > 0) or host (rank 0, which also hosts the store at ``port``) a standalone group;
+    every rank must call it. A host that can let the system pick the port uses ``host_store``
+    and ``group_on_store`` instead."""
     store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
-    prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        pg: dist.ProcessGroup = dist.ProcessGroupGloo(
-            prefixed, rank, world_size, timedelta(seconds=timeout_s)
-        )
-    elif backend == "nccl":
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timedelta(seconds=timeout_s)
-        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-    else:
-        raise ValueError(f"weight-sync backend must be 'gloo' or 'nccl', got {backend!r}")
-    return SyncGroup(pg, store, backend, rank)
+    return group_on_store(store, backend, rank, world_size, timeout_s, group_name)
 
 
 def broadcast(group: SyncGroup, tensor: torch.Tensor, src: int = 0) -> None:
