@@ -11,15 +11,41 @@ them. A load that stops midway (a called-off sync) closes that reload before it 
 process, are processed after it (``_sr_process_tied``). Arguments cross vLLM's msgpack RPC, which turns
 tensors into lists and refuses dataclasses, so they travel as plain tuples and raw bytes
 (``pack_specs`` / ``pack_tensors``).
+
+No RPC method raises across that boundary: each replies ``(True, value)`` or ``(False, reason)``
+(``replies``). vLLM's multiproc executor reads one reply per worker, in rank order, and raises at
+the first failed one, leaving the later ranks' replies queued; the next call on that engine reads
+them as its own, so with tensor parallelism one called-off sync (every rank fails it) left every
+later call a reply behind. Replying instead, every rank's answer is read by the call it belongs to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from selective_rollout.weight_sync.collective import SyncAborted, TensorSpec, broadcast, make_sync_group
+
+log = logging.getLogger(__name__)
+
+
+def replies(method: Callable[..., Any]) -> Callable[..., tuple[bool, Any]]:
+    """``method`` as an RPC that answers ``(True, its value)``, or ``(False, why it failed)``
+    after logging the error here (vLLM logs a raised one in the worker the same way)."""
+
+    @functools.wraps(method)
+    def rpc(self, *args: Any) -> tuple[bool, Any]:
+        try:
+            return True, method(self, *args)
+        except Exception as exc:
+            log.exception("weight-sync RPC %s failed on this worker", method.__name__)
+            return False, f"{type(exc).__name__}: {exc}"
+
+    return rpc
 
 
 def pack_specs(specs: list[TensorSpec]) -> list[tuple[str, list[int], str]]:
@@ -45,6 +71,7 @@ def _unpack_tensor(shape: list[int], dtype: str, data: bytes) -> torch.Tensor:
 class WeightSyncExtension:
     """Joins the learner's sync group and loads broadcast or by-value weights into the model."""
 
+    @replies
     def sr_init_weight_sync(
         self, host: str, port: int, first_rank: int, world_size: int, backend: str
     ) -> None:
@@ -52,9 +79,14 @@ class WeightSyncExtension:
         rank = first_rank + int(getattr(self, "rank", 0))
         self._sr_group = make_sync_group(backend, host, port, rank, world_size)
 
+    @replies
     def sr_receive_weights(self, packed_specs: list[tuple[str, list[int], str]]) -> None:
         """Receive each tensor when the loader asks for it: at most about one tensor of extra device
-        memory, not a second copy of the model (~15 GB for a 7B model in bf16)."""
+        memory, not a second copy of the model (~15 GB for a 7B model in bf16).
+
+        A sync that stops here (called off, or this worker's own load failed) leaves the model
+        partly loaded until the next sync, and the group unusable. A worker whose own load fails
+        calls the sync off itself: every other member waits on its part of the transfer."""
         group = getattr(self, "_sr_group", None)
         if group is None:
             raise RuntimeError("receive_weights called before init_weight_sync (or after a failed sync)")
@@ -63,8 +95,11 @@ class WeightSyncExtension:
             self._sr_load(stream)
             for _ in stream:  # what the loader did not ask for must still be received: rank 0 waits on it
                 pass
-        except SyncAborted:  # called off (a member died): the model is partly loaded until the next sync
+        except Exception as exc:
             self._sr_group = None
+            if not isinstance(exc, SyncAborted):
+                group.call_off(f"engine worker at sync rank {group.rank}: {type(exc).__name__}: {exc}")
+                group.abandon()
             raise
 
     def _sr_stream(self, group, packed_specs: list[tuple[str, list[int], str]]):
@@ -75,6 +110,7 @@ class WeightSyncExtension:
             yield spec.name, buf
             del buf
 
+    @replies
     def sr_load_weights(self, packed: list[tuple[str, list[int], str, bytes]]) -> None:
         weights = [
             (name, _unpack_tensor(shape, dtype, data).to(self.device)) for name, shape, dtype, data in packed
@@ -124,6 +160,7 @@ class WeightSyncExtension:
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
 
+    @replies
     def sr_checksum(self) -> float:
         """This worker's share of the model's float64 sum, a chunk at a time (a 7B model's
         embedding is ~2 GB in float64 whole). With tensor parallelism every worker holds its own

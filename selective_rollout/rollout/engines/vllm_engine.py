@@ -223,27 +223,36 @@ class VLLMEngine(RolloutEngine):
                 )
             await asyncio.sleep(0.05)
 
+    async def _on_workers(self, method: str, *args: Any) -> list[Any]:
+        """``method`` of the worker extension on every worker: one value per worker, or
+        ``EngineError`` naming each worker that failed. The extension replies instead of raising
+        (``weight_sync.vllm_worker.replies``), so this one call reads every worker's reply and
+        none is left queued for the next call to read as its own."""
+        answers = await self.engine.collective_rpc(method, args=args)
+        if failed := [f"worker {rank}: {value}" for rank, (ok, value) in enumerate(answers) if not ok]:
+            raise EngineError(f"{method} failed on " + "; ".join(failed))
+        return [value for _, value in answers]
+
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         if rank == 0:
             raise ValueError("an engine cannot be rank 0 of the weight-sync group: rank 0 is the learner")
-        await self.engine.collective_rpc("sr_init_weight_sync", args=(host, port, rank, world_size, backend))
+        await self._on_workers("sr_init_weight_sync", host, port, rank, world_size, backend)
 
     async def sync_workers(self) -> int:
         return self.params.tensor_parallel_size  # each tensor-parallel worker holds its own shard
 
     async def receive_weights(self, specs: list) -> None:
         try:
-            await self.engine.collective_rpc("sr_receive_weights", args=(pack_specs(specs),))
+            await self._on_workers("sr_receive_weights", pack_specs(specs))
         finally:  # cached KV was computed by the old weights (also after a called-off sync)
             await self.reset_cache()
 
     async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
-        await self.engine.collective_rpc("sr_load_weights", args=(pack_tensors(named_tensors),))
+        await self._on_workers("sr_load_weights", pack_tensors(named_tensors))
         await self.reset_cache()
 
     async def weights_checksum(self) -> float:
-        sums = await self.engine.collective_rpc("sr_checksum")
-        return float(sum(sums))
+        return float(sum(await self._on_workers("sr_checksum")))
 
     async def health(self) -> dict[str, Any]:
         return {
