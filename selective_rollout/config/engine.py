@@ -63,8 +63,10 @@ class EngineConfig(EntrySection):
     def _gpus_match_tensor_parallel(self) -> "EngineConfig":
         """A back-end that shards its model (it declares ``tensor_parallel_size``: vLLM) starts its
         tensor-parallel workers as processes of the engine actor, on the GPUs Ray gave that actor.
-        With fewer, vLLM falls back to starting Ray workers for the missing GPUs (beside the ones
-        the actor holds idle) or fails; with more, the extra GPUs sit idle. 0 GPUs is a CPU engine."""
+        With fewer, vLLM 0.32 does not start: it raises when the tensor-parallel world is larger
+        than the GPUs it sees (it would use Ray workers only with ``distributed_executor_backend``
+        ray, which the engine does not set); with more, the extra GPUs sit idle. 0 GPUs is a CPU
+        engine."""
         tp = getattr(self, "tensor_parallel_size", None)
         gpus = self.num_gpus
         if tp is None or gpus == 0 or gpus == tp or (tp == 1 and gpus < 1):
