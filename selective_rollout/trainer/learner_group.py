@@ -299,6 +299,8 @@ class LearnerGroup:
         raise WeightSyncFailed(message, dead)
 
     def _connect(self, engines: list, backend: str) -> None:
+        """Build the sync group: rank 0 opens its store first, on a port it holds from then on,
+        then it and every engine join at once (a gloo group's members wait for each other)."""
         firsts, world = sync_ranks(ray.get([e.sync_workers.remote() for e in engines]))
         host, port = ray.get(self.actors[0].open_sync_store.remote(world))
         joins = [
