@@ -110,7 +110,7 @@ class Driver:
 
         from selective_rollout.driver import update_check
 
-        tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        tokenizer = AutoTokenizer.from_pretrained(str(self.actors.model_path))
         prompt = list(tokenizer(update_check.PROMPT)["input_ids"])
         replies = [list(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in update_check.REPLIES]
         logprobs = self.learner.logprobs([[*prompt, *reply] for reply in replies])
