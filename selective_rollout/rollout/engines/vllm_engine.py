@@ -115,6 +115,8 @@ class VLLMEngine(RolloutEngine):
         }
         if sp.choices:
             kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(sp.choices))
+        if sp.stop:  # the reply keeps its stop string, as the transformers engine's does
+            kwargs.update(stop=list(sp.stop), include_stop_str_in_output=True)
         kwargs.update(overrides)
         return VllmSamplingParams(**kwargs)
 
