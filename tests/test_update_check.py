@@ -48,8 +48,6 @@ def test_the_verdict_names_what_did_not_move() -> None:
     assert verdict(moved, 0.01) == {"check/loss": 0.3, "check/grad_norm": 1.5, "check/served_shift": 0.01}
     with pytest.raises(UpdateCheckFailed, match="did not reach the served weights"):
         verdict(moved, 0.0)
-    with pytest.raises(UpdateCheckFailed, match="learning rate 0"):
-        verdict({**moved, "train/lr": 0.0}, 0.0)
     with pytest.raises(UpdateCheckFailed, match="gradient norm 0"):
         verdict({**moved, "train/grad_norm": 0.0}, 0.01)
     with pytest.raises(UpdateCheckFailed, match="skipped"):

@@ -229,12 +229,22 @@ class RunActors:
         if error := unshared_run_dir_error(self.run_dir, seen):
             raise RuntimeError(error)
 
-    def engine_healths(self) -> dict[int, dict[str, Any]]:
-        """Each engine's ``health()`` now, keyed by its handle (a replacement is a new key)."""
+    def engine_healths(self) -> dict[str, dict[str, Any]]:
+        """Each live engine's ``health()`` now, keyed by its actor id (a replacement is a new
+        key). An engine that does not answer (it died since the last probe, and the next one
+        replaces it) is left out, not waited for: its counters are read again from its
+        replacement, from zero."""
         import ray
+        from ray.exceptions import RayError
 
-        healths = ray.get([e.health.remote() for e in self.engines], timeout=60)
-        return {id(e): h for e, h in zip(self.engines, healths, strict=True)}
+        refs = {e._actor_id.hex(): e.health.remote() for e in self.engines}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=60)
+        healths: dict[str, dict[str, Any]] = {}
+        for key, ref in refs.items():
+            if ref in ready:
+                with contextlib.suppress(RayError):
+                    healths[key] = ray.get(ref)
+        return healths
 
     def memory_metrics(self) -> dict[str, float]:
         """Resident memory of the driver and of every actor of the run, GB: growth across

@@ -24,13 +24,13 @@ def cache_metrics(
     }
 
 
-def engine_counters(healths: dict[int, dict[str, Any]]) -> dict[int, tuple[int, int]]:
+def engine_counters(healths: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int]]:
     """Each engine's (prompt tokens served from cache, prompt tokens prefilled) so far."""
     return {
         k: (int(h.get("cached_tokens", 0)), int(h.get("prefilled_tokens", 0))) for k, h in healths.items()
     }
 
 
-def engine_busy(healths: dict[int, dict[str, Any]]) -> dict[int, float]:
+def engine_busy(healths: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Each engine's busy clock so far (seconds with a request in flight)."""
     return {k: float(h.get("busy_s", 0.0)) for k, h in healths.items()}

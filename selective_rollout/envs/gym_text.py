@@ -40,6 +40,11 @@ class GymParams(EcosystemParams):
         "admissible_commands", description="the info key listing the commands, when the environment gives one"
     )
     world: str = Field("a text game", description="how the system prompt names the game")
+    free_text: bool = Field(
+        True,
+        description="the game takes free-text replies; false when its info lists the admissible "
+        "commands (env.admissible_key), so that the system prompt asks for one of them",
+    )
 
     @field_validator("id")
     @classmethod
@@ -111,7 +116,7 @@ class GymText(EcosystemEnvironment):
 
     @property
     def prompt(self) -> PromptText:  # type: ignore[override]
-        return PromptText(world=self.params.world, commands="", free_text=True)
+        return PromptText(world=self.params.world, commands="", free_text=self.params.free_text)
 
     def tasks(self, split: str) -> list[Task]:
         self.check_split(split)
@@ -124,7 +129,7 @@ class GymText(EcosystemEnvironment):
         return [Task(f"seed-{s}", p.id, {"seed": s}) for s in seeds]
 
     def cache_key(self) -> list[Any]:
-        return [self.name, self.params.id]
+        return [self.name, self.params.id, dict(self.params.kwargs)]
 
     def source(self) -> GymSource:
         p = self.params

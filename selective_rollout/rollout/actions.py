@@ -110,7 +110,9 @@ def parse_action(
     reply = reply if isinstance(reply, str) else ""
     if not admissible:
         text = free_text_action(reply, action_format)
-        return ParsedAction(text, bool(text.strip()), "free" if text.strip() else "invalid", text)
+        if not text.strip():  # no action written: the one invalid token, as with a list
+            return ParsedAction(INVALID_ACTION, False, "invalid", text)
+        return ParsedAction(text, True, "free", text)
     extracted = extract_action(reply, action_format)
     command, kind = match_action(extracted, admissible, fuzzy_threshold)
     return ParsedAction(command, kind != "invalid", kind, extracted)

@@ -243,7 +243,7 @@ class LearnerGroup:
         sync off (``weight_sync.collective.call_off``), the others abandon the group within about a second
         instead of waiting for the collective's timeout, and ``WeightSyncFailed`` names the dead
         engines; the next call rebuilds the group. Engines that were receiving hold partly
-        updated weights until a sync succeeds (``Driver.sync_weights`` replaces the dead ones
+        updated weights until a sync succeeds (``RunActors.sync_weights`` replaces the dead ones
         and syncs again at once).
         """
         start = time.perf_counter()

@@ -184,8 +184,9 @@ def test_parse_survives_a_very_long_reply():
     [
         ("look around\n#### 42", "action", "look around\n#### 42", True),  # the whole reply, as is
         ("Thought: count.\nAction: say 3\nthen stop", "react", "say 3\nthen stop", True),
-        ("Thought: no action line", "react", "", False),
-        ("   ", "action", "   ", False),
+        # no action written: the one invalid token the gate and the env know, never an empty command
+        ("Thought: no action line", "react", INVALID_ACTION, False),
+        ("   ", "action", INVALID_ACTION, False),
     ],
 )
 def test_with_nothing_admissible_the_reply_is_a_free_text_action(reply, fmt, command, valid):

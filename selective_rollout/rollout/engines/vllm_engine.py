@@ -115,7 +115,9 @@ class VLLMEngine(RolloutEngine):
         }
         if sp.choices:
             kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(sp.choices))
-        if sp.stop:  # the reply keeps its stop string, as the transformers engine's does
+        # a free-text reply keeps its stop string, as the transformers engine's does; a constrained
+        # choice is one of its options whole, never cut at a stop string (as there too)
+        if sp.stop and not sp.choices:
             kwargs.update(stop=list(sp.stop), include_stop_str_in_output=True)
         kwargs.update(overrides)
         return VllmSamplingParams(**kwargs)
