@@ -169,22 +169,32 @@ def _cpu_s(pid: int) -> float:
 
 
 def kill_in_rollout(run: Run, kind: str) -> int:
-    """SIGKILL the first ``kind`` process (``placement.json``) that works for the rollout: once
-    the held-out "before" evaluation is logged, the first whose CPU time grows by ``BUSY_CPU_S``
-    while no group has been logged yet, so that it holds a group in flight. Returns its PID."""
+    """SIGKILL the first ``kind`` process (``placement.json``) seen working for the rollout: its
+    CPU time grew by ``BUSY_CPU_S`` since a moment before the held-out "before" evaluation was
+    logged (the rollout starts after it), and no group has been logged yet, so that it holds a
+    group in flight. Returns its PID."""
     run.wait_for(lambda: bool(run.placement().get(kind)), 300, f"placement.json ({kind})")
     run.remember_tree()
     pids = [int(loc["pid"]) for loc in run.placement()[kind]]
-    run.wait_for(lambda: BEFORE_EVALUATED in run.output(), 600, "the held-out 'before' evaluation")
     since = {pid: _cpu_s(pid) for pid in pids}
+
+    def evaluated() -> bool:
+        # read before the log: while the line is absent, these times predate the rollout
+        now = {pid: _cpu_s(pid) for pid in pids}
+        if BEFORE_EVALUATED in run.output():
+            return True
+        since.update(now)
+        return False
+
     busy: list[int] = []
 
     def one_busy() -> bool:
-        if _lines(run.run_dir / "rollouts.jsonl"):
-            raise TimeoutError(f"a group was logged before any of {kind} {pids} was seen busy")
         busy.extend(pid for pid in pids if _cpu_s(pid) - since[pid] >= BUSY_CPU_S)
+        if not busy and _lines(run.run_dir / "rollouts.jsonl"):
+            raise TimeoutError(f"a group was logged before any of {kind} {pids} was seen busy")
         return bool(busy)
 
+    run.wait_for(evaluated, 600, "the held-out 'before' evaluation")
     run.wait_for(one_busy, 600, f"one of {kind} {pids} serving the rollout")
     os.kill(busy[0], signal.SIGKILL)
     return busy[0]
