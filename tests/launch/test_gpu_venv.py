@@ -7,6 +7,7 @@ with ``make -n``, and the check runs against this venv's own CPU torch.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -23,9 +24,18 @@ GPU_PY = ".venv-gpu/bin/python"
 
 
 def make_dry_run(target: str) -> list[list[str]]:
-    """The commands ``make target`` would run from scratch, each split into its words."""
+    """The commands ``make target`` would run from scratch, each split into its words. Run as a
+    make of its own: under ``make test`` the parent's MAKEFLAGS and MAKELEVEL would make it a
+    sub-make, which prints "make[1]: Entering directory" lines among the commands."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     done = subprocess.run(
-        ["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+        ["make", "--no-print-directory", "-n", "-B", target],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return [shlex.split(line) for line in done.stdout.splitlines() if line.strip()]
 
