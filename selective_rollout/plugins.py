@@ -98,6 +98,9 @@ ADVANTAGES.add("grpo", f"{_LOSSES}.advantage:GRPO")
 ADVANTAGES.add("drgrpo", f"{_LOSSES}.advantage:DrGRPO")
 POLICY_LOSSES = _loss_registry("policy loss", "policy_losses", "policy:PolicyLoss")
 POLICY_LOSSES.add("ppo_clip", f"{_LOSSES}.policy:PPOClip", params=f"{_LOSSES}.params:PPOClipParams")
+POLICY_LOSSES.add(
+    "decoupled_ppo", f"{_LOSSES}.policy:DecoupledPPO", params=f"{_LOSSES}.params:DecoupledPPOParams"
+)
 AGGREGATIONS = _loss_registry("loss aggregation", "loss_aggregations", "aggregation:Aggregation")
 AGGREGATIONS.add("token-mean", f"{_LOSSES}.aggregation:TokenMean", params=_NONE)
 AGGREGATIONS.add("seq-mean-token-mean", f"{_LOSSES}.aggregation:SeqMeanTokenMean", params=_NONE)

@@ -19,7 +19,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # schema 1: no policy_version (every group read as version 0)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -171,6 +172,8 @@ class GroupRecord:
     gate: GateRecord | None = None
     wall_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    # learner updates behind the weights that played the group (driver.pipeline: one per group)
+    policy_version: int = 0
 
     @property
     def g(self) -> int:
@@ -231,8 +234,11 @@ class GroupRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GroupRecord:
         schema = d.get("schema", SCHEMA_VERSION)
-        if schema != SCHEMA_VERSION:
-            raise ValueError(f"unsupported rollouts schema version {schema} (this reader: {SCHEMA_VERSION})")
+        if schema not in READABLE_SCHEMAS:
+            raise ValueError(
+                f"unsupported rollouts schema version {schema} "
+                f"(this reader: {', '.join(map(str, READABLE_SCHEMAS))})"
+            )
         trajectories = [
             Trajectory(
                 index=int(t["index"]),
@@ -255,6 +261,7 @@ class GroupRecord:
             gate=GateRecord(**gate) if gate else None,
             wall_s=float(d.get("wall_s", 0.0)),
             meta=dict(d.get("meta", {})),
+            policy_version=int(d.get("policy_version", 0)),
         )
 
 
@@ -376,6 +383,7 @@ class Experience:
     # position -> the token ids a constrained choice allowed there (the sampled one among them);
     # positions without an entry were sampled from the model's whole vocabulary
     choice_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    policy_version: int = 0  # learner updates behind the weights that sampled it (GroupRecord's)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

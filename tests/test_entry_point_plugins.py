@@ -48,7 +48,7 @@ PLUGIN = textwrap.dedent(
 
         toy_scale: float = Field(1.0, gt=0.0, description="toy_reinforce: multiplies the loss")
 
-        def __call__(self, logprobs, old_logprobs, advantages):
+        def __call__(self, logprobs, old_logprobs, advantages, behaviour_logprobs):
             return -self.toy_scale * advantages * logprobs, torch.zeros_like(logprobs, dtype=torch.bool)
     '''
 )
@@ -83,7 +83,7 @@ CHECK = textwrap.dedent(
     assert not gate.decide(GroupView([["a"], ["b"]], step=4)).stop
     assert cfg.rollout.uses_gate and cfg.rollout.build(seed=0).keep(True)
     loss = POLICY_LOSSES.build(cfg.trainer.policy_loss, cfg.trainer)
-    out, _ = loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
+    out, _ = loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, 2))
     assert loss.toy_scale == 2.0 and out.shape == (1, 2)
     print("plugged in:", sorted(set(GATES) & {"every_other"}), sorted(set(STRATEGIES) & {"keep_all"}))
     """

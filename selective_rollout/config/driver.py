@@ -2,6 +2,8 @@
 
 The driver's section is ``driver:``, the learner's ``trainer:``."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from selective_rollout.config.base import Section
@@ -24,6 +26,18 @@ class DriverConfig(Section):
         gt=0,
         description="stop with one clear line when a rollout or evaluation makes no progress (no token "
         "generated, no env step) for this long, instead of waiting forever",
+    )
+    pipeline: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: each iteration rolls out, then trains while the engines wait, then syncs; "
+        "async: the next iteration's rollout runs on the engines while the learner trains on this "
+        "one, under weights at most driver.max_staleness updates old (selective_rollout.driver.pipeline)",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=1,
+        description="async: how many learner updates a trained batch's rollout weights may lag "
+        "behind; the weights are synced only as often as the bound needs",
     )
     update_check: bool = Field(
         False,

@@ -1,5 +1,6 @@
 """The driver's loop, one iteration at a time: rollout -> learner update -> weight sync ->
-evaluation -> logs -> checkpoint.
+evaluation -> logs -> checkpoint; under ``driver.pipeline=async`` the next iteration's rollout
+runs while the learner trains (``driver.pipeline``).
 
 It runs in the process that starts the run (``python -m selective_rollout.train``, or each arm of
 an experiment) and drives the run's actors (``driver.actors``) through Ray. Its settings are the
@@ -50,7 +51,13 @@ class Driver:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
         self.ckpt_dir = run_dir / "checkpoints"
-        self.state: dict[str, Any] = {"iteration": 0, "cursor": 0, "eval": {}, "wall_s": 0.0}
+        self.state: dict[str, Any] = {
+            "iteration": 0,
+            "cursor": 0,  # the task stream's position after the last trained batch
+            "eval": {},
+            "wall_s": 0.0,
+            "policy_version": 0,  # learner updates taken (the update check's included)
+        }
         rewind_logs(run_dir, self.ckpt_dir, cfg.trainer.resume)  # before anything appends to them
         # data and model first: a missing dataset or model fails in seconds, before Ray starts
         self.train_tasks = train_tasks(cfg)
@@ -117,6 +124,7 @@ class Driver:
         batch = update_check.check_batch(prompt, replies, logprobs)
         before = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
         trained = self.learner.train_step(batch)
+        self.state["policy_version"] = self.state.get("policy_version", 0) + 1
         self.actors.sync_weights()
         after = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
         metrics = update_check.verdict(trained, update_check.served_shift(before, after))
@@ -133,6 +141,7 @@ class Driver:
         from selective_rollout.policy_eval import format_summary, success_summary
         from selective_rollout.runtime import wait_for_coordinator
 
+        self.pipeline.serve_latest()
         started = time.monotonic()
         ref = self.coordinator.evaluate.remote(self.eval_tasks)
         stall_s = self.cfg.driver.stall_timeout_s
@@ -148,47 +157,79 @@ class Driver:
         log.info("held-out (%s): %s", label, format_summary(summary))
         return summary
 
+    def start_pipeline(self) -> None:
+        """The rollout pipeline (``driver.pipeline``) from the state: the engines serve the
+        learner's version (synced at start-up)."""
+        from selective_rollout.driver.pipeline import RolloutPipeline
+
+        self.pipeline = RolloutPipeline(
+            self.cfg.driver.pipeline,
+            self.cfg.driver.max_staleness,
+            self._start_rollout,
+            self._wait_rollout,
+            self.actors.sync_weights,
+            version=int(self.state.get("policy_version", 0)),
+            cursor=int(self.state["cursor"]),
+        )
+
+    def _start_rollout(self, it: int, cursor: int, version: int) -> Any:
+        from selective_rollout.runtime import task_stream
+
+        cfg = self.cfg
+        window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
+        stream = task_stream(self.train_tasks, cfg.driver.task_shuffle_seed, cursor)
+        return self.coordinator.rollout.remote(list(itertools.islice(stream, window)), it, version)
+
+    def _wait_rollout(self, ref: Any, it: int) -> Any:
+        from selective_rollout.runtime import wait_for_coordinator
+
+        return wait_for_coordinator(
+            self.coordinator,
+            ref,
+            f"rollout of iteration {it}",
+            self.cfg.driver.stall_timeout_s,
+            self.actors.replace_dead_engines,
+        )
+
     def iteration(self, it: int) -> dict[str, float]:
         import ray
 
         from selective_rollout.policy_eval import eval_metrics
         from selective_rollout.reporting.idle import engine_busy_delta, idle_metrics
-        from selective_rollout.runtime import task_stream, wait_for_coordinator
 
         cfg = self.cfg
         start = time.perf_counter()
-        window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
-        stream = task_stream(self.train_tasks, cfg.driver.task_shuffle_seed, self.state["cursor"])
-        tasks = list(itertools.islice(stream, window))
         healths = self.actors.engine_healths()
-        ref = self.coordinator.rollout.remote(tasks, it)
-        batch = wait_for_coordinator(
-            self.coordinator,
-            ref,
-            f"rollout of iteration {it}",
-            cfg.driver.stall_timeout_s,
-            self.actors.replace_dead_engines,
-        )
+        collected = self.pipeline.take(it)
+        batch = collected.batch
         self.actors.replace_dead_engines(probe=True)  # before the weight sync: a dead member would stall it
-        self.state["cursor"] += batch.tasks_consumed
+        if it + 1 < cfg.driver.iterations:
+            self.pipeline.prefetch(it + 1)  # async: the engines play on while the learner trains
         metrics = dict(batch.metrics)
-        env_steps = metrics.get("rollout/env_steps", 0.0)
-        metrics.update(
-            cache_metrics(engine_counters(healths), engine_counters(self.actors.engine_healths()), env_steps)
-        )
+        metrics.update(self._pipeline_metrics(collected))
         if batch.experiences:
-            metrics.update(self.learner.train_step(batch.experiences))
-            metrics["system/weight_sync_s"] = self.actors.sync_weights()
-            metrics["system/served_logprob_gap"] = self.actors.served_gap
+            metrics.update(self.learner.train_step(batch.experiences, version=self.pipeline.learner_version))
+            if not metrics.get("train/skipped"):
+                self.pipeline.updated()
         else:
             log.warning("iteration %d: no trainable group (all cut, filtered or failed); no update", it)
+        self.state["cursor"] += batch.tasks_consumed
+        self.state["policy_version"] = self.pipeline.learner_version
         if cfg.driver.eval_every and (it + 1) % cfg.driver.eval_every == 0 and it + 1 < cfg.driver.iterations:
             metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
+        syncs, sync_s = self.pipeline.take_syncs()
+        metrics["pipeline/syncs"] = float(syncs)
+        if syncs:
+            metrics["system/weight_sync_s"] = sync_s
+            metrics["system/served_logprob_gap"] = self.actors.served_gap
         metrics.update(ray.get(self.coordinator.env_metrics.remote()))
         metrics.update(self.actors.memory_metrics())
         metrics["system/engine_restarts"] = float(self.actors.engine_restarts)
         metrics["system/iteration_s"] = time.perf_counter() - start
-        busy = engine_busy_delta(engine_busy(healths), engine_busy(self.actors.engine_healths()))
+        after = self.actors.engine_healths()
+        env_steps = metrics.get("rollout/env_steps", 0.0)
+        metrics.update(cache_metrics(engine_counters(healths), engine_counters(after), env_steps))
+        busy = engine_busy_delta(engine_busy(healths), engine_busy(after))
         learner_busy = metrics.get("train/step_s", 0.0)
         metrics.update(idle_metrics(busy, len(self.engines), learner_busy, metrics["system/iteration_s"]))
         self.state["wall_s"] += metrics["system/iteration_s"]
@@ -198,6 +239,15 @@ class Driver:
             self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
         return metrics
 
+    def _pipeline_metrics(self, collected: Any) -> dict[str, float]:
+        """The batch's versions and what the learner waited for it (``pipeline/*``)."""
+        return {
+            "pipeline/rollout_version": float(collected.version),
+            "pipeline/learner_version": float(self.pipeline.learner_version),
+            "pipeline/staleness": float(self.pipeline.learner_version - collected.version),
+            "pipeline/rollout_wait_s": collected.wait_s,
+        }
+
     def run(self) -> Path:
         from selective_rollout.policy_eval import eval_metrics, format_summary
         from selective_rollout.reporting.report import write_report
@@ -206,6 +256,7 @@ class Driver:
         if self.cfg.driver.update_check and "update_check" not in self.state:
             self.state["update_check"] = self.check_update()
             self.logger.log(self.state["update_check"], -1)
+        self.start_pipeline()
         if "before" not in self.state["eval"]:
             if self.before_eval is None:
                 before = self.evaluate("before")

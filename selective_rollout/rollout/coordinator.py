@@ -117,8 +117,8 @@ class CoordinatorActor:
         self.coordinator = rollout_source(cfg, engines, self.pool, agent, run_dir)
         self.evaluator = rollout_source(evaluation_config(cfg), engines, self.pool, agent)
 
-    async def rollout(self, tasks: Sequence[Task], iteration: int) -> RolloutBatch:
-        return await self.coordinator.rollout(tasks, iteration)
+    async def rollout(self, tasks: Sequence[Task], iteration: int, version: int = 0) -> RolloutBatch:
+        return await self.coordinator.rollout(tasks, iteration, version)
 
     async def evaluate(self, tasks: Sequence[Task]) -> list[GroupRecord]:
         """Held-out episodes with the current weights: one group of ``eval.tries`` per task."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from selective_rollout.gate import Gate, GateWatch
@@ -98,6 +98,7 @@ class GroupRun:
         self.life = GroupLifecycle()
         self.engine_index = 0
         self.sample_key = group_id  # what seeds its trajectories' sampling (the coordinator's key)
+        self.policy_version = 0  # learner updates behind the weights that play it
         self.started = time.perf_counter()
         self._gate_moved: asyncio.Event | None = None  # set at the next step of any trajectory
 
@@ -179,12 +180,13 @@ class GroupRun:
             gate=self.decision,
             wall_s=time.perf_counter() - self.started,
             meta=meta,
+            policy_version=self.policy_version,
         )
 
     def experiences(self) -> list[Experience]:
         """One Experience per dialogue segment of every trajectory, rewarded with the final reward."""
         return [
-            e
+            replace(e, policy_version=self.policy_version)
             for t in self.trajectories
             for e in t.conversation.experiences(
                 self.group_id, self.task_id, self.task_type, t.reward, t.index

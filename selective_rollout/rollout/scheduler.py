@@ -87,8 +87,9 @@ class GroupScheduler(RolloutSource):
         """Play the opened group until it ends or is cut; raise ``GroupFailed`` when a worker dies."""
 
     # ------------------------------------------------------------------ scheduling
-    async def rollout(self, tasks: Sequence[Task], iteration: int = 0) -> RolloutBatch:
-        """Roll out groups from ``tasks`` (in order) until the iteration's batch is complete.
+    async def rollout(self, tasks: Sequence[Task], iteration: int = 0, version: int = 0) -> RolloutBatch:
+        """Roll out groups from ``tasks`` (in order) until the iteration's batch is complete;
+        ``version`` is the engines' policy version, carried by every group and experience.
 
         With ``refill`` the batch is topped up to ``groups_per_iteration`` trainable groups
         (cut, filtered and failed groups are replaced by new tasks) up to a cap of
@@ -122,12 +123,17 @@ class GroupScheduler(RolloutSource):
                     task = tasks[cursor]
                     cursor += 1
                     if task.task_id in self._bad_games:
-                        records.append(self._skipped_record(task, iteration, self._bad_games[task.task_id]))
+                        records.append(
+                            self._skipped_record(task, iteration, version, self._bad_games[task.task_id])
+                        )
                         continue
                     if not self.strategy.admit(task.task_id):
-                        records.append(self._skipped_record(task, iteration, "skipped by the strategy"))
+                        records.append(
+                            self._skipped_record(task, iteration, version, "skipped by the strategy")
+                        )
                         continue
                 group = self._new_group(task, iteration)
+                group.policy_version = version
                 fut = asyncio.create_task(self._run(task, group))
                 self._active.add(fut)
                 fut.add_done_callback(self._active.discard)
@@ -198,7 +204,7 @@ class GroupScheduler(RolloutSource):
         group.sample_key = f"{self.cfg.seed}:{iteration}:{task.task_id}"
         return group
 
-    def _skipped_record(self, task: Task, iteration: int, reason: str) -> GroupRecord:
+    def _skipped_record(self, task: Task, iteration: int, version: int, reason: str) -> GroupRecord:
         record = GroupRecord(
             self._next_group_id(iteration),
             task.task_id,
@@ -207,6 +213,7 @@ class GroupScheduler(RolloutSource):
             Outcome.SKIPPED,
             iteration,
             meta={"skipped": reason},
+            policy_version=version,
         )
         if self.writer is not None:
             self.writer.write(record)

@@ -30,6 +30,7 @@ class RolloutSource(ABC):
     """Turns the next tasks of the stream into one iteration's batch."""
 
     @abstractmethod
-    async def rollout(self, tasks: Sequence[Task], iteration: int = 0) -> RolloutBatch:
+    async def rollout(self, tasks: Sequence[Task], iteration: int = 0, version: int = 0) -> RolloutBatch:
         """Play groups from ``tasks``, in order, until the batch is complete (``iteration`` < 0
-        marks a held-out evaluation: its group ids say ``eval``)."""
+        marks a held-out evaluation: its group ids say ``eval``), under weights of policy
+        ``version`` (learner updates seen), which every group and experience carries."""

@@ -26,7 +26,7 @@ from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
-from selective_rollout.trainer.objective import acting_logprobs, micro_batch_loss
+from selective_rollout.trainer.objective import MAX_STATS, acting_logprobs, micro_batch_loss
 from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
 from selective_rollout.weight_sync.collective import (
     SyncAborted,
@@ -236,8 +236,10 @@ class LearnerWorker:
         advantages: list[float],
         plan: list[list[int]],
         denominator: float,
+        staleness: list[int],
     ) -> dict[str, float]:
         """Run this rank's micro-batches (``[]`` = an empty one), then one optimiser step on all ranks.
+        ``staleness`` gives each experience's learner updates since its sampling weights.
 
         Each micro-batch loss is its exact share of the batch loss; it is scaled by the world
         size because DeepSpeed *averages* gradients across ranks, whose sum is what the loss needs.
@@ -246,7 +248,11 @@ class LearnerWorker:
         sums: dict[str, float] = {}
         for indices in plan:
             if indices:
-                mb = collate([shard[i] for i in indices], [advantages[i] for i in indices])
+                mb = collate(
+                    [shard[i] for i in indices],
+                    [advantages[i] for i in indices],
+                    staleness=[staleness[i] for i in indices],
+                )
             else:
                 mb = empty_micro_batch()
             with autocast(self.cfg, self.device):
@@ -255,7 +261,7 @@ class LearnerWorker:
                 )
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
             for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
+                sums[k] = max(sums.get(k, 0.0), v) if k in MAX_STATS else sums.get(k, 0.0) + v
         lr = float(self.engine.get_lr()[0])
         self.engine.step()
         grad_norm = self._grad_norm if owns_clipping(self.cfg) else self.engine.get_global_grad_norm()

@@ -23,7 +23,7 @@ from selective_rollout.records import Experience
 from selective_rollout.trainer import checkpoint
 from selective_rollout.trainer.advantages import compute_advantages
 from selective_rollout.trainer.learner import LearnerWorker
-from selective_rollout.trainer.objective import ZERO_ADV
+from selective_rollout.trainer.objective import MAX_STATS, ZERO_ADV
 from selective_rollout.trainer.packing import check_experience, plan_micro_batches
 from selective_rollout.weight_sync.collective import TensorSpec, call_off, sync_ranks
 
@@ -74,6 +74,38 @@ def shard_by_group(batch: Sequence[Experience], num_shards: int) -> list[list[in
     return [sorted(s) for s in shards]
 
 
+def staleness_metrics(batch: Sequence[Experience], staleness: Sequence[int]) -> dict[str, float]:
+    """How far behind the learner the batch's sampling weights were, over its groups: mean, max,
+    and the number of groups at each lag (``offpolicy/groups_lag_<n>``)."""
+    by_group = dict(zip((e.group_id for e in batch), staleness, strict=True))
+    lags = list(by_group.values())
+    metrics = {
+        "offpolicy/staleness_mean": sum(lags) / len(lags),
+        "offpolicy/staleness_max": float(max(lags)),
+    }
+    for lag in sorted(set(lags)):
+        metrics[f"offpolicy/groups_lag_{lag}"] = float(lags.count(lag))
+    return metrics
+
+
+def weight_metrics(total: dict[str, float]) -> dict[str, float]:
+    """The behaviour importance weights of the stale tokens the learner trained on (none: only
+    the share, 0): mean and max, the share the loss truncated, and the effective sample size
+    ``(sum w)^2 / (n sum w^2)`` as a share of the ``n`` stale tokens."""
+    stale, policy = total["stale_tokens"], max(total["policy_tokens"], 1.0)
+    metrics = {"offpolicy/stale_token_frac": stale / policy}
+    if stale:
+        metrics.update(
+            {
+                "offpolicy/is_mean": total["is_sum"] / stale,
+                "offpolicy/is_max": total["is_max"],
+                "offpolicy/is_truncated_frac": total["is_truncated"] / stale,
+                "offpolicy/ess": total["is_sum"] ** 2 / (stale * max(total["is_sq_sum"], 1e-30)),
+            }
+        )
+    return metrics
+
+
 class LearnerGroup:
     """N DeepSpeed learners (data parallel) over one policy; Ray must be initialised."""
 
@@ -119,8 +151,12 @@ class LearnerGroup:
         return ray.get(getattr(self.actors[0], method).remote(*args))
 
     # -- training ----------------------------------------------------------------------------
-    def train_step(self, batch: list[Experience]) -> dict[str, float]:
-        """One optimiser step over ``batch``; returns its ``train/`` metrics.
+    def train_step(self, batch: list[Experience], version: int | None = None) -> dict[str, float]:
+        """One optimiser step over ``batch``; returns its ``train/`` and ``offpolicy/`` metrics.
+
+        ``version`` is the learner's policy version (updates taken so far): each experience's
+        staleness is ``version - policy_version`` (0 throughout when not given), what a loss that
+        corrects off-policy data (``decoupled_ppo``) weighs its tokens by.
 
         ``train/effective_grad_l2`` is the L2 norm of the per-token coefficients ``w_t A_t`` that
         multiply ``grad log pi`` at ratio 1: it shrinks when zero-advantage tokens dilute the
@@ -134,6 +170,12 @@ class LearnerGroup:
         if self.cfg.constrained_logprobs:
             batch = [exp.without_forced_tokens() for exp in batch]
         start = time.perf_counter()
+        staleness = [0 if version is None else version - exp.policy_version for exp in batch]
+        if min(staleness) < 0:
+            raise ValueError(
+                f"train_step: an experience of policy version {max(e.policy_version for e in batch)} "
+                f"is newer than the learner's version {version}"
+            )
         advantages = compute_advantages(batch, ADVANTAGES.build(self.cfg.advantage, self.cfg))
         aggregation = AGGREGATIONS.build(self.cfg.loss_agg, self.cfg)
         denominator = aggregation.denominator([e.num_policy_tokens for e in batch])
@@ -145,6 +187,7 @@ class LearnerGroup:
                 e.num_policy_tokens for e, a in zip(batch, advantages, strict=True) if abs(a) <= ZERO_ADV
             )
             / max(1, sum(e.num_policy_tokens for e in batch)),
+            **staleness_metrics(batch, staleness),
         }
         if self.cfg.kl_coef == 0 and POLICY_LOSSES.get(self.cfg.policy_loss).no_gradient_at_zero_advantage:
             # Without a KL term a zero-advantage sequence adds exactly zero gradient under PPO-clip;
@@ -154,6 +197,7 @@ class LearnerGroup:
                 return {**full, "train/skipped": 1.0, "train/step_s": time.perf_counter() - start}
             batch = [batch[i] for i in informative]
             advantages = [advantages[i] for i in informative]
+            staleness = [staleness[i] for i in informative]
         shards = shard_by_group(batch, len(self.actors))
         plans = [
             plan_micro_batches([len(batch[i].token_ids) for i in s], self.cfg.micro_batch_tokens)
@@ -166,12 +210,17 @@ class LearnerGroup:
                 [advantages[i] for i in shard],
                 plan + [[]] * (n_micro - len(plan)),
                 denominator,
+                [staleness[i] for i in shard],
             )
             for actor, shard, plan in zip(self.actors, shards, plans, strict=True)
         ]
         results = ray.get(calls)
         elapsed = time.perf_counter() - start
-        total = {k: sum(r[k] for r in results) for k in results[0] if k not in ("grad_norm", "lr")}
+        total = {
+            k: (max if k in MAX_STATS else sum)(r[k] for r in results)
+            for k in results[0]
+            if k not in ("grad_norm", "lr")
+        }
         policy_tokens = max(total["policy_tokens"], 1.0)
         return {
             "train/loss": total["loss_sum"],
@@ -192,6 +241,7 @@ class LearnerGroup:
             "train/micro_batches": float(n_micro),
             "train/step_s": elapsed,
             "train/tokens_per_s": total["tokens"] / elapsed,
+            **weight_metrics(total),
         }
 
     def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:

@@ -13,11 +13,13 @@ import torch
 
 from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.plugins import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from selective_rollout.trainer.losses.policy import behaviour_weights
 from selective_rollout.trainer.modeling import TokenLogprobs, token_logprobs
 from selective_rollout.trainer.packing import MicroBatch
 
 RefLogprobs = Callable[[MicroBatch], torch.Tensor]
 ZERO_ADV = 1e-12
+MAX_STATS = frozenset({"is_max"})  # statistics reduced by max over micro-batches and learners, not summed
 
 
 def acting_logprobs(
@@ -67,9 +69,10 @@ def micro_batch_loss(
     logprobs, entropy, allowed_mass = acting_logprobs(model, mb, cfg, with_entropy=True)
     engine = mb.old_logprobs if allowed_mass is None else mb.old_logprobs - allowed_mass.detach() * mask
     old = logprobs.detach() if cfg.old_logprobs == "learner" else engine
+    behaviour = behaviour_logprobs(old, engine, mb.stale)
     policy_loss = POLICY_LOSSES.build(cfg.policy_loss, cfg)
     kl_estimator = KL_ESTIMATORS.build(cfg.kl_estimator, cfg)
-    per_token, clipped = policy_loss(logprobs, old, mb.advantages)
+    per_token, clipped = policy_loss(logprobs, old, mb.advantages, behaviour)
     if cfg.kl_coef > 0:
         if ref_logprobs is None:
             raise ValueError("trainer.kl_coef > 0 needs a reference policy")
@@ -91,5 +94,33 @@ def micro_batch_loss(
         "signal_sq_sum": float(((weights * mb.advantages) ** 2).sum()),
         "padded_tokens": float(mb.padded_tokens),
         "tokens": float(mb.attention_mask.sum()),
+        **weight_stats(behaviour_weights(old, behaviour), mask * mb.stale, policy_loss.weight_cap()),
     }
     return loss, stats
+
+
+def behaviour_logprobs(old: torch.Tensor, engine: torch.Tensor, stale: torch.Tensor) -> torch.Tensor:
+    """The log-probs of the policy that sampled each token: the engine's where its weights lagged
+    the learner's (``stale`` > 0), the proximal policy's own (``old``) elsewhere, so that fresh
+    tokens carry an importance weight of exactly 1 and the engine-learner rounding gap is measured
+    (``engine_gap_sum``), not corrected.
+
+    The engine's are the model's log-probs at temperature 1 (what the transformers engine
+    returns; vLLM's with ``rescore_choices``), moved onto a constrained choice by the *proximal*
+    policy's allowed mass (``micro_batch_loss``): exact for free-text tokens, and for a constrained
+    choice exact up to the change of the allowed mass between the two policies."""
+    return torch.where(stale > 0, engine, old)
+
+
+def weight_stats(weights: torch.Tensor, stale_mask: torch.Tensor, cap: float) -> dict[str, float]:
+    """Sums over the stale policy tokens of their behaviour importance weights, truncated at ``cap``
+    as the loss applies them, for the learner's off-policy metrics (``offpolicy/*``)."""
+    on = stale_mask > 0
+    truncated = weights.clamp(max=cap)
+    return {
+        "stale_tokens": float(on.sum()),
+        "is_sum": float(truncated[on].sum()),
+        "is_sq_sum": float((truncated[on] ** 2).sum()),
+        "is_max": float(weights[on].max()) if bool(on.any()) else 0.0,
+        "is_truncated": float((weights[on] > cap).sum()),
+    }

@@ -21,8 +21,9 @@ from selective_rollout.records import Experience
 class MicroBatch:
     """Right-padded ``[B, T]`` inputs; the ``[B, T-1]`` fields are aligned to the predicted token.
 
-    ``choice_ids`` (``[B, T-1, C]``) lists the ids a constrained choice allowed for each predicted
-    token, padded with -1 (all -1: sampled from the whole vocabulary).
+    ``stale`` holds each row's staleness (learner updates since the weights that sampled it) on
+    its policy tokens. ``choice_ids`` (``[B, T-1, C]``) lists the ids a constrained choice allowed
+    for each predicted token, padded with -1 (all -1: sampled from the whole vocabulary).
     """
 
     input_ids: torch.Tensor
@@ -31,6 +32,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     choice_ids: torch.Tensor
+    stale: torch.Tensor  # [B, T-1]: learner updates the sampling weights lagged (0: on-policy)
 
     @property
     def padded_tokens(self) -> int:
@@ -66,10 +68,17 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     return plans
 
 
-def collate(batch: Sequence[Experience], advantages: Sequence[float], pad_id: int = 0) -> MicroBatch:
-    """Pad a list of experiences into one micro-batch; each advantage is broadcast over its tokens."""
+def collate(
+    batch: Sequence[Experience],
+    advantages: Sequence[float],
+    pad_id: int = 0,
+    staleness: Sequence[int] | None = None,
+) -> MicroBatch:
+    """Pad a list of experiences into one micro-batch; each advantage and staleness (default 0) is
+    broadcast over its tokens."""
     if len(batch) != len(advantages):
         raise ValueError(f"collate: {len(batch)} experiences but {len(advantages)} advantages")
+    staleness = [0] * len(batch) if staleness is None else list(staleness)
     width = max(len(e.token_ids) for e in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -88,8 +97,15 @@ def collate(batch: Sequence[Experience], advantages: Sequence[float], pad_id: in
             if pos > 0:  # position 0 is never predicted (nor a policy token: check_experience)
                 choice_ids[row, pos - 1, : len(allowed)] = torch.tensor(allowed, dtype=torch.long)
     adv = torch.tensor(list(advantages), dtype=torch.float32)[:, None].expand_as(loss_mask).contiguous()
+    stale = torch.tensor(staleness, dtype=torch.float32)[:, None].expand_as(loss_mask).contiguous()
     return MicroBatch(
-        input_ids, attention_mask, loss_mask, old_logprobs * loss_mask, adv * loss_mask, choice_ids
+        input_ids,
+        attention_mask,
+        loss_mask,
+        old_logprobs * loss_mask,
+        adv * loss_mask,
+        choice_ids,
+        stale * loss_mask,
     )
 
 

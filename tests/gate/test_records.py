@@ -139,3 +139,18 @@ def test_a_stop_without_a_finite_assigned_reward_is_rejected():
     line["trajectories"][1]["stop"]["assigned"] = None
     with pytest.raises(ValueError, match="assigned reward is null"):
         GroupRecord.from_dict(line)
+
+
+def test_policy_versions_round_trip_and_schema_1_lines_read_as_version_0(tmp_path):
+    path = tmp_path / "r.jsonl"
+    versioned = _group("v")
+    versioned.policy_version = 3
+    schema_1 = {**_group("old").to_dict(), "schema": 1}
+    del schema_1["policy_version"]  # a line written before versions were logged
+    path.write_text(versioned.to_json() + "\n" + json.dumps(schema_1) + "\n")
+    new, old = read_groups(path)
+    assert json.loads(versioned.to_json())["schema"] == 2
+    assert (new.policy_version, old.policy_version) == (3, 0)
+    path.write_text(json.dumps({**schema_1, "schema": 3}) + "\n")
+    with pytest.raises(LogLineError, match="unsupported rollouts schema version 3"):
+        list(read_groups(path))

@@ -38,9 +38,13 @@ def register_reinforce() -> None:
         reinforce_scale: float = Field(1.0, gt=0.0, description="toy_reinforce: multiplies the loss")
 
         def __call__(
-            self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
+            self,
+            logprobs: torch.Tensor,
+            old_logprobs: torch.Tensor,
+            advantages: torch.Tensor,
+            behaviour_logprobs: torch.Tensor,
         ) -> tuple[torch.Tensor, torch.Tensor]:
-            del old_logprobs
+            del old_logprobs, behaviour_logprobs
             return -self.reinforce_scale * advantages * logprobs, torch.zeros_like(logprobs, dtype=torch.bool)
 
 
@@ -95,7 +99,10 @@ def test_flat_parameter_keys_keep_working():
             r"trainer\.loss_agg: unknown loss aggregation 'bogus'; known: seq-mean-token-mean",
         ),
         ("trainer.kl_estimator=k2", r"trainer\.kl_estimator: unknown KL estimator 'k2'; known: k1, k3"),
-        ("trainer.policy_loss=gspo", r"trainer\.policy_loss: unknown policy loss 'gspo'; known: ppo_clip"),
+        (
+            "trainer.policy_loss=gspo",
+            r"trainer\.policy_loss: unknown policy loss 'gspo'; known: decoupled_ppo, ppo_clip",
+        ),
         ("trainer.clip_hgih=0.3", r"trainer\.clip_hgih: unknown key"),
         ("trainer.clip_low=1.5", r"trainer\.clip_low: .*less than 1"),
     ],

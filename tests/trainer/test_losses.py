@@ -114,18 +114,23 @@ def test_micro_batch_losses_sum_to_the_batch_loss(model, mode):
     assert sum(p.item() for p in parts) == pytest.approx(whole.item(), rel=1e-10)
 
 
-def test_learner_old_logprobs_ignore_the_engines_numerics(model):
-    """old_logprobs=learner: the ratio is exactly 1 before the batch's one update, so noise in the
-    engine's log-probs (bf16 rounding, other kernels) changes neither the loss nor its gradient
-    and never clips; it only shows as the engine-learner gap. With old_logprobs=engine it does."""
-    batch = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})
-    gen = torch.Generator().manual_seed(0)
-    noisy = [
+def with_engine_noise(batch: list, seed: int) -> list:
+    """``batch`` with standard-normal noise added to the engine's log-probs."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
         dataclasses.replace(
             e, old_logprobs=[lp + float(torch.randn(1, generator=gen)) for lp in e.old_logprobs]
         )
         for e in batch
     ]
+
+
+def test_learner_old_logprobs_ignore_the_engines_numerics(model):
+    """old_logprobs=learner: the ratio is exactly 1 before the batch's one update, so noise in the
+    engine's log-probs (bf16 rounding, other kernels) changes neither the loss nor its gradient
+    and never clips; it only shows as the engine-learner gap. With old_logprobs=engine it does."""
+    batch = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})
+    noisy = with_engine_noise(batch, seed=0)
     learner = TrainerConfig(old_logprobs="learner")
     g_exact, loss_exact = flat_grad(model, batch, learner)
     g_noisy, loss_noisy = flat_grad(model, noisy, learner)
@@ -136,3 +141,62 @@ def test_learner_old_logprobs_ignore_the_engines_numerics(model):
     assert stats["clip_sum"] == 0.0 and stats["engine_gap_sum"] > 0.0
     g_engine, _ = flat_grad(model, noisy, TrainerConfig(old_logprobs="engine"))
     assert not torch.allclose(g_engine, g_exact)
+
+
+def stale_grad(model, batch, cfg, staleness) -> tuple[torch.Tensor, float, dict[str, float]]:
+    model.zero_grad()
+    adv = compute_advantages(batch, cfg.advantage)
+    denom = batch_denominator(cfg.loss_agg, [e.num_policy_tokens for e in batch])
+    loss, stats = micro_batch_loss(model, collate(batch, adv, staleness=staleness), cfg, denom)
+    loss.backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return grad, loss.item(), stats
+
+
+def test_decoupled_ppo_is_ppo_clip_exactly_at_staleness_0(model):
+    """Fresh tokens take the proximal log-probs as their behaviour: weight 1, whatever the engine's
+    log-probs say (here noise), so the loss and gradient are ppo_clip's, bit for bit."""
+    batch = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})
+    noisy = with_engine_noise(batch, seed=1)
+    g_ppo, loss_ppo, _ = stale_grad(model, noisy, TrainerConfig(), [0] * 4)
+    g_dec, loss_dec, stats = stale_grad(model, noisy, TrainerConfig(policy_loss="decoupled_ppo"), [0] * 4)
+    assert torch.equal(g_ppo, g_dec) and loss_ppo == loss_dec
+    assert stats["stale_tokens"] == 0.0
+
+
+def test_decoupled_ppo_weighs_stale_tokens_by_the_truncated_behaviour_ratio(model):
+    """Stale tokens: each token's loss is scaled by min(pi_proximal / pi_behaviour, is_cap). With
+    behaviour log-probs 1 nat below the proximal ones on one sequence (weight e, truncated to 2)
+    and 0.5 nat above on another (weight e^-0.5), the gradient is ppo_clip's with those sequences'
+    advantages scaled by their weights (the ratio to the proximal policy is 1: nothing clips), and
+    the statistics count what was truncated."""
+    from selective_rollout.trainer.objective import acting_logprobs
+
+    cfg = TrainerConfig(policy_loss="decoupled_ppo", is_cap=2.0)
+    batch = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})
+    adv = compute_advantages(batch, cfg.advantage)
+    denom = batch_denominator(cfg.loss_agg, [e.num_policy_tokens for e in batch])
+    with torch.no_grad():
+        lp = acting_logprobs(model, collate(batch, adv), cfg).logprobs
+    shifts = [-1.0, 0.5, 3.0, 3.0]  # behaviour = proximal + shift on the policy tokens
+    behaved = []
+    for row, (e, shift) in enumerate(zip(batch, shifts, strict=True)):
+        engine = [0.0] + [float(lp[row, t]) + shift for t in range(len(e.token_ids) - 1)]
+        behaved.append(
+            dataclasses.replace(e, old_logprobs=[v * m for v, m in zip(engine, e.loss_mask, strict=True)])
+        )
+    staleness = [1, 1, 0, 0]  # rows 2 and 3 fresh: their shifted engine log-probs are ignored
+    g_dec, _, stats = stale_grad(model, behaved, cfg, staleness)
+    weights = [2.0, math.exp(-0.5), 1.0, 1.0]
+    model.zero_grad()
+    scaled = collate(behaved, [a * w for a, w in zip(adv, weights, strict=True)])
+    micro_batch_loss(model, scaled, TrainerConfig(), denom)[0].backward()
+    g_scaled = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    # the engine's log-probs are stored in float32: weights agree to its rounding
+    assert torch.allclose(g_dec, g_scaled, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(g_dec, stale_grad(model, behaved, TrainerConfig(), staleness)[0], rtol=1e-3)
+    assert stats["stale_tokens"] == behaved[0].num_policy_tokens + behaved[1].num_policy_tokens
+    assert stats["is_truncated"] == behaved[0].num_policy_tokens
+    assert stats["is_max"] == pytest.approx(math.e, rel=1e-5)
+    expected = 2.0 * behaved[0].num_policy_tokens + math.exp(-0.5) * behaved[1].num_policy_tokens
+    assert stats["is_sum"] == pytest.approx(expected, rel=1e-5)

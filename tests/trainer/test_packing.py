@@ -33,6 +33,12 @@ def test_collate_aligns_targets_and_pads_right():
     assert mb.loss_mask.tolist() == [[1, 1, 0], [1, 0, 0]]
     assert mb.old_logprobs.tolist() == [[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]]
     assert mb.advantages.tolist() == [[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]]
+    assert mb.stale.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    # staleness is broadcast over the row's policy tokens only
+    assert collate([exp, short], [2.0, -1.0], staleness=[2, 1]).stale.tolist() == [
+        [2.0, 2.0, 0.0],
+        [1.0, 0.0, 0.0],
+    ]
 
 
 def test_first_token_cannot_be_a_policy_token():

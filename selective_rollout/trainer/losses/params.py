@@ -28,3 +28,12 @@ class PPOClipParams(Entry):
     clip_high: float = Field(
         0.28, ge=0.0, description="ppo_clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher)"
     )
+
+
+class DecoupledPPOParams(PPOClipParams):
+    is_cap: float = Field(
+        2.0,
+        ge=1.0,
+        description="decoupled_ppo: the behaviour importance weight pi_proximal / pi_behaviour of a "
+        "stale token is truncated at this value",
+    )

@@ -12,12 +12,19 @@ from typing import ClassVar
 
 import torch
 
-from selective_rollout.trainer.losses.params import Entry, PPOClipParams
+from selective_rollout.trainer.losses.params import DecoupledPPOParams, Entry, PPOClipParams
 
 
 class PolicyLoss(Entry, ABC):
-    """Maps ``[B, T]`` log-probs, old log-probs and advantages to the per-token loss and a
-    boolean mask of the tokens it clipped (all False for a loss that never clips)."""
+    """Maps ``[B, T]`` log-probs, old (proximal) log-probs, advantages and behaviour log-probs to
+    the per-token loss and a boolean mask of the tokens it clipped (all False for a loss that
+    never clips).
+
+    The *proximal* policy is the learner before this update (``trainer.old_logprobs``); the
+    *behaviour* policy is the one that sampled the tokens (``objective.behaviour_logprobs``: the
+    proximal policy itself wherever the sampling weights were the current ones). A loss that
+    ignores the behaviour log-probs assumes on-policy data.
+    """
 
     # True when a token of advantage 0 adds no gradient (PPO-clip, REINFORCE): without a KL term
     # the driver then skips zero-advantage sequences exactly. False for a loss with a term that
@@ -26,8 +33,21 @@ class PolicyLoss(Entry, ABC):
 
     @abstractmethod
     def __call__(
-        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        behaviour_logprobs: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def weight_cap(self) -> float:
+        """Where the loss truncates behaviour importance weights (inf: it does not use them)."""
+        return float("inf")
+
+
+def behaviour_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor) -> torch.Tensor:
+    """``pi_proximal / pi_behaviour`` per token, without gradient: 1 where the two coincide."""
+    return torch.exp(old_logprobs.detach() - behaviour_logprobs.detach())
 
 
 def ppo_clip_loss(
@@ -49,9 +69,36 @@ def ppo_clip_loss(
 
 
 class PPOClip(PPOClipParams, PolicyLoss):
-    """PPO's clipped surrogate with DAPO's separate bounds (``ppo_clip_loss``)."""
+    """PPO's clipped surrogate with DAPO's separate bounds (``ppo_clip_loss``), on-policy: the
+    behaviour log-probs are not used."""
 
     def __call__(
-        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        behaviour_logprobs: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return ppo_clip_loss(logprobs, old_logprobs, advantages, self.clip_low, self.clip_high)
+
+
+class DecoupledPPO(DecoupledPPOParams, PolicyLoss):
+    """Decoupled PPO (Hilton et al. 2022, as AReaL trains asynchronously): the clipped surrogate
+    against the proximal policy, times the truncated behaviour importance weight
+    ``min(pi_proximal / pi_behaviour, is_cap)`` (no gradient through it). Where the behaviour
+    log-probs are the proximal ones (tokens sampled by the current weights) the weight is exactly
+    1 and the loss is ``ppo_clip``'s."""
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        behaviour_logprobs: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = behaviour_weights(old_logprobs, behaviour_logprobs).clamp(max=self.is_cap)
+        per_token, clipped = ppo_clip_loss(logprobs, old_logprobs, advantages, self.clip_low, self.clip_high)
+        return weight * per_token, clipped
+
+    def weight_cap(self) -> float:
+        return self.is_cap

@@ -1,0 +1,134 @@
+"""How rollouts and learner updates interleave (``driver.pipeline``), and which weights play what.
+
+A *policy version* counts the learner's updates. The engines serve one version at a time; a
+rollout is played under the version the engines served when it started, and every group and
+experience it yields carries that version (``GroupRecord.policy_version``).
+
+- ``sync``: an iteration rolls out, trains, then syncs the new weights at once; the engines wait
+  while the learner trains and the learner waits while they roll out; every batch is trained at
+  the version that played it (staleness 0).
+- ``async``: as soon as an iteration's batch is collected, the next iteration's rollout starts
+  on the engines, and the learner trains on the collected batch meanwhile (verl's one-step-off
+  schedule, with a bound). The weights reach the engines between two rollouts, and only as often
+  as ``driver.max_staleness`` needs: the rollout about to start will be trained after the update
+  now under way, so it may start under version ``E`` only while ``learner + 1 - E`` stays within
+  the bound; otherwise the engines are synced first. Staleness therefore never exceeds the bound,
+  and no group is dropped for it.
+
+Weights never move while a rollout is in flight, so a group is played under one version
+throughout. Evaluation first lets the rollout in flight finish (its batch is kept for its
+iteration), then syncs, so that it always scores the learner's latest weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from selective_rollout.rollout.source import RolloutBatch
+
+Start = Callable[[int, int, int], Any]  # (iteration, task cursor, version) -> a handle on the rollout
+Wait = Callable[[Any, int], RolloutBatch]  # (handle, iteration) -> its batch
+Sync = Callable[[], float]  # send the learner's weights to the engines; seconds taken
+
+
+@dataclass
+class Collected:
+    """One iteration's batch, with the version that played it and how long the driver waited."""
+
+    iteration: int
+    batch: RolloutBatch
+    version: int
+    wait_s: float
+
+
+@dataclass
+class _InFlight:
+    iteration: int
+    handle: Any
+    version: int
+
+
+class RolloutPipeline:
+    """The driver's rollouts over one run: what is in flight, under which version, and when the
+    engines must be synced. The rollout, wait and sync themselves are callables, so the schedule
+    is tested without Ray."""
+
+    def __init__(
+        self,
+        kind: Literal["sync", "async"],
+        max_staleness: int,
+        start: Start,
+        wait: Wait,
+        sync: Sync,
+        version: int,
+        cursor: int,
+    ) -> None:
+        """``version``: the learner's, which the engines serve at this point (they were just
+        synced); ``cursor``: the task stream's position of the next rollout."""
+        self.kind, self.max_staleness = kind, max_staleness
+        self._start, self._wait, self._sync = start, wait, sync
+        self.learner_version = self.engine_version = version
+        self.cursor = cursor
+        self._in_flight: _InFlight | None = None
+        self._ready: Collected | None = None
+        self.syncs, self.sync_s = 0, 0.0  # since ``take_syncs``
+
+    def take(self, iteration: int) -> Collected:
+        """This iteration's batch: the one prefetched for it, or rolled out now."""
+        if self._ready is not None and self._ready.iteration == iteration:
+            ready, self._ready = self._ready, None
+            return ready
+        if self._in_flight is None or self._in_flight.iteration != iteration:
+            self._launch(iteration, ahead=0)
+        return self._collect()
+
+    def prefetch(self, iteration: int) -> None:
+        """``async``: start ``iteration``'s rollout now, before the learner trains on the batch
+        just taken (its update is counted as under way). ``sync``: nothing."""
+        if self.kind == "async" and self._in_flight is None and self._ready is None:
+            self._launch(iteration, ahead=1)
+
+    def updated(self) -> None:
+        """The learner took an update: ``sync`` sends it to the engines at once; ``async`` leaves
+        it to the next rollout's start (or an evaluation)."""
+        self.learner_version += 1
+        if self.kind == "sync":
+            self._sync_engines()
+
+    def serve_latest(self) -> None:
+        """Before an evaluation: let the rollout in flight finish (its batch is kept for its
+        iteration), then sync the engines if they lag the learner."""
+        if self._in_flight is not None:
+            self._ready = self._collect()
+        if self.engine_version < self.learner_version:
+            self._sync_engines()
+
+    def take_syncs(self) -> tuple[int, float]:
+        """Syncs done and seconds they took since the last call (an iteration's)."""
+        taken = (self.syncs, self.sync_s)
+        self.syncs, self.sync_s = 0, 0.0
+        return taken
+
+    def _launch(self, iteration: int, ahead: int) -> None:
+        """Start a rollout; its batch is trained after ``ahead`` more updates at most."""
+        bound = self.max_staleness if self.kind == "async" else 0
+        if self.learner_version + ahead - self.engine_version > bound:
+            self._sync_engines()
+        handle = self._start(iteration, self.cursor, self.engine_version)
+        self._in_flight = _InFlight(iteration, handle, self.engine_version)
+
+    def _collect(self) -> Collected:
+        assert self._in_flight is not None
+        flight, self._in_flight = self._in_flight, None
+        started = time.perf_counter()
+        batch = self._wait(flight.handle, flight.iteration)
+        self.cursor += batch.tasks_consumed
+        return Collected(flight.iteration, batch, flight.version, time.perf_counter() - started)
+
+    def _sync_engines(self) -> None:
+        self.sync_s += self._sync()
+        self.syncs += 1
+        self.engine_version = self.learner_version

@@ -1,0 +1,108 @@
+"""The rollout pipeline's schedule (driver.pipeline) over fake rollouts: which version plays each
+batch, when the engines are synced, and that a slow learner never pushes staleness past the bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from selective_rollout.driver.pipeline import RolloutPipeline
+from selective_rollout.rollout.source import RolloutBatch
+
+
+@dataclass
+class FakeRun:
+    """Rollouts that consume 3 tasks each; a learner that updates on every batch; a log of events
+    in the order the driver would see them."""
+
+    events: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    def start(self, iteration: int, cursor: int, version: int) -> tuple[int, int, int]:
+        self.events.append(f"start {iteration} v{version} @{cursor}")
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        return (iteration, cursor, version)
+
+    def wait(self, handle: tuple[int, int, int], iteration: int) -> RolloutBatch:
+        assert handle[0] == iteration
+        self.in_flight -= 1
+        self.events.append(f"done {iteration}")
+        return RolloutBatch([], [], {}, tasks_consumed=3)
+
+    def sync(self) -> float:
+        self.events.append("sync")
+        return 0.5
+
+
+def run_loop(kind: str, bound: int, iterations: int, eval_at: set[int] = frozenset()) -> tuple[FakeRun, list]:
+    """The driver's use of the pipeline: take, prefetch, train (one update each), maybe evaluate."""
+    fake = FakeRun()
+    pipe = RolloutPipeline(kind, bound, fake.start, fake.wait, fake.sync, version=0, cursor=0)
+    trained = []
+    for it in range(iterations):
+        collected = pipe.take(it)
+        if it + 1 < iterations:
+            pipe.prefetch(it + 1)
+        staleness = pipe.learner_version - collected.version
+        trained.append((it, collected.version, staleness))
+        fake.events.append(f"train {it}")  # the learner's update, while a prefetched rollout plays
+        pipe.updated()
+        if it + 1 in eval_at:
+            pipe.serve_latest()
+            assert pipe.engine_version == pipe.learner_version
+            fake.events.append("eval")
+    return fake, trained
+
+
+def test_sync_trains_every_batch_on_the_version_that_played_it():
+    fake, trained = run_loop("sync", 1, 4)
+    assert [s for _, _, s in trained] == [0, 0, 0, 0]
+    assert fake.events[:6] == ["start 0 v0 @0", "done 0", "train 0", "sync", "start 1 v1 @3", "done 1"]
+    assert fake.most_in_flight == 1
+
+
+def test_async_plays_the_next_batch_while_the_learner_trains():
+    fake, trained = run_loop("async", 1, 4)
+    # the first batch is fresh; every later one was played during the previous update: lag 1
+    assert [s for _, _, s in trained] == [0, 1, 1, 1]
+    # iteration 1's rollout starts before iteration 0 trains, from the tasks after batch 0's
+    assert fake.events[:4] == ["start 0 v0 @0", "done 0", "start 1 v0 @3", "train 0"]
+    # a batch's tasks are taken once: the cursors advance by what each batch consumed
+    starts = [e for e in fake.events if e.startswith("start")]
+    assert [s.split("@")[1] for s in starts] == ["0", "3", "6", "9"]
+    assert "start 3 v2 @9" in fake.events
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3])
+def test_a_slow_learner_never_pushes_staleness_past_the_bound(bound):
+    """The learner updates on every batch, so the engines would fall behind without syncs: the
+    pipeline syncs exactly as often as the bound needs, and no more."""
+    fake, trained = run_loop("async", bound, 12)
+    lags = [s for _, _, s in trained]
+    assert max(lags) == bound and all(0 <= s <= bound for s in lags)
+    # one sync per `bound` updates: rollout k starts when k - 1 updates are done, and the engines
+    # move to the newest version only when the bound binds (k - engines > bound), at k = b+1, 2b+1...
+    assert fake.events.count("sync") == (12 - 2) // bound
+
+
+def test_evaluation_waits_for_the_rollout_in_flight_and_scores_the_latest_weights():
+    fake, trained = run_loop("async", 1, 4, eval_at={2})
+    at = fake.events.index("eval")
+    # iteration 2's rollout (started before iteration 1 trained) finished, then the engines synced
+    assert fake.events[at - 2 : at] == ["done 2", "sync"]
+    # its batch is not played again: one start per iteration, and it is trained at lag 1
+    assert sum(e.startswith("start 2") for e in fake.events) == 1
+    assert trained[2] == (2, 1, 1)
+
+
+def test_syncs_are_counted_per_iteration():
+    fake = FakeRun()
+    pipe = RolloutPipeline("sync", 1, fake.start, fake.wait, fake.sync, version=4, cursor=7)
+    collected = pipe.take(0)
+    assert collected.version == 4 and pipe.cursor == 10
+    assert pipe.take_syncs() == (0, 0.0)
+    pipe.updated()
+    assert pipe.take_syncs() == (1, 0.5) and pipe.take_syncs() == (0, 0.0)
