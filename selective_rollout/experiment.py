@@ -42,6 +42,10 @@ log = logging.getLogger("selective_rollout.experiment")
 
 METRICS = {
     "wall_s": "wall-clock (s)",
+    "s_per_iteration": "wall-clock per iteration (s)",
+    "informative_per_hour": "informative groups trained per hour",
+    "engine_wait_frac": "engines' share of time waiting",
+    "learner_wait_frac": "learners' share of time waiting",
     "rollout_wall_s": "rollout wall-clock (s)",
     "step_tokens": "rollout step-tokens",
     "groups_cut": "groups cut",
@@ -292,8 +296,13 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
     r, ev = report["rollout"], report["eval"]
     informative = r["informative_kept"]
     stops = r.get("trajectory_stops", {})  # a report written before trajectory stops has none
+    throughput = report.get("throughput") or {}  # a report written before the idle figures has none
     return {
         "wall_s": report["wall_s"],
+        "s_per_iteration": report["wall_s"] / report["iterations"] if report["iterations"] else None,
+        "informative_per_hour": throughput.get("informative_groups_per_hour"),
+        "engine_wait_frac": throughput.get("engine_wait_frac"),
+        "learner_wait_frac": throughput.get("learner_wait_frac"),
         "rollout_wall_s": report["rollout_wall_s"],
         "step_tokens": r["step_tokens_spent"],
         "groups_cut": r["outcomes"]["cut"],

@@ -288,7 +288,10 @@ class Driver:
         if "after" not in self.state["eval"]:
             self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.driver.iterations)
             self.save_final_state()
-        return write_report(self.run_dir, self.state, self.cfg.regime_k)
+        driver = self.cfg.driver
+        return write_report(
+            self.run_dir, self.state, self.cfg.regime_k, driver.pipeline, driver.max_staleness
+        )
 
     def save_final_state(self) -> None:
         """Keep the final evaluation across a resume. The last iteration's checkpoint already holds

@@ -19,6 +19,7 @@ from selective_rollout.policy_eval import describe_gain, success_gain
 from selective_rollout.records import GroupRecord, Outcome, read_groups
 from selective_rollout.reporting.idle import throughput_summary
 from selective_rollout.reporting.metrics_log import read_metrics
+from selective_rollout.reporting.offpolicy import offpolicy_rows, offpolicy_summary
 from selective_rollout.stats import clopper_pearson
 
 RSS_PREFIX = "system/rss_gb/"
@@ -239,9 +240,16 @@ def throughput_rows(throughput: dict[str, float] | None) -> list[str]:
     ]
 
 
-def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
+def write_report(
+    run_dir: Path,
+    state: dict[str, Any],
+    regime_k: int,
+    pipeline: str = "sync",
+    max_staleness: int = 1,
+) -> Path:
     """Write report.md, report.json and the plots into ``run_dir``; return report.md's path.
-    ``regime_k`` is the step at which the regime's D_K spread is measured (``RunConfig.regime_k``)."""
+    ``regime_k`` is the step at which the regime's D_K spread is measured (``RunConfig.regime_k``);
+    ``pipeline`` and ``max_staleness`` are the run's ``driver.*`` settings."""
     metrics = read_metrics(run_dir / "metrics.jsonl")
     rollouts = run_dir / "rollouts.jsonl"
     groups = list(read_groups(rollouts)) if rollouts.is_file() else []
@@ -266,6 +274,7 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         "placement": placement,
         "peak_rss_gb": peak_memory(metrics),
         "throughput": throughput_summary(metrics, summary["informative_kept"], state.get("wall_s", 0.0)),
+        "pipeline": {"kind": pipeline, "max_staleness": max_staleness, **(offpolicy_summary(metrics) or {})},
     }
     before, after = evals.get("before"), evals.get("after")
     gain = success_gain(before, after) if before and after else None
@@ -344,6 +353,7 @@ def write_report(run_dir: Path, state: dict[str, Any], regime_k: int) -> Path:
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "
         f"{summary['step_tokens_saved_basis']}) |",
         *throughput_rows(report["throughput"]),
+        *offpolicy_rows(offpolicy_summary(metrics), pipeline, max_staleness),
         f"| peak resident memory | {memory_row} |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",

@@ -6,10 +6,11 @@ the coordinator or the driver names it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from selective_rollout.config import load_config
+from selective_rollout.config import RunConfig, load_config
 from selective_rollout.records import read_groups
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -23,9 +24,8 @@ QUESTIONS = [
 ]
 
 
-def test_a_jsonl_environment_trains_one_iteration(ray_cluster, tmp_path):
-    from selective_rollout.driver import Driver
-
+def arithmetic_config(tmp_path: Path, run_dir: Path, overrides: list[str]) -> RunConfig:
+    """The CPU profile on the arithmetic questions (written here), small enough for one test."""
     tasks_file = tmp_path / "questions.jsonl"
     tasks_file.write_text(
         "".join(
@@ -33,8 +33,7 @@ def test_a_jsonl_environment_trains_one_iteration(ray_cluster, tmp_path):
             for i, s, q, a, c in QUESTIONS
         )
     )
-    run_dir = tmp_path / "run"
-    cfg = load_config(
+    return load_config(
         "configs/cpu_default.yaml",
         [
             "env.name=tests.env.arithmetic_env:Arithmetic",
@@ -50,12 +49,19 @@ def test_a_jsonl_environment_trains_one_iteration(ray_cluster, tmp_path):
             "warm_start.epochs=1",
             f"warm_start.cache_dir={tmp_path / 'warm'}",
             "eval.num_tasks=1",
-            "driver.iterations=1",
             f"driver.run_dir={run_dir}",
             "logging.backends=[jsonl]",
             "logging.progress=false",
+            *overrides,
         ],
     )
+
+
+def test_a_jsonl_environment_trains_one_iteration(ray_cluster, tmp_path):
+    from selective_rollout.driver import Driver
+
+    run_dir = tmp_path / "run"
+    cfg = arithmetic_config(tmp_path, run_dir, ["driver.iterations=1"])
     driver = Driver(cfg, run_dir)
     try:
         report = driver.run()

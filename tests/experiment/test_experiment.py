@@ -145,7 +145,7 @@ def _report(tmp_path: Path, **rollout) -> Path:
     run.mkdir(parents=True)
     base = {"step_tokens_spent": 1000, "outcomes": {"cut": 1}, "kept": 4, "informative_kept": 2}
     base |= {"audit_precision": None, "audited": 0, "zero_var_frac": 0.5}
-    report = {"wall_s": 10.0, "rollout_wall_s": 8.0, "rollout": base | rollout, "eval": {}}
+    report = {"wall_s": 10.0, "rollout_wall_s": 8.0, "rollout": base | rollout, "eval": {}, "iterations": 2}
     (run / "report.json").write_text(json.dumps(report))
     return run
 
@@ -577,3 +577,16 @@ def test_a_variant_takes_the_base_and_overrides_of_its_origin(tmp_path):
     (tmp_path / "bare.yaml").write_text("arms: {a: [], b: []}\n")
     with pytest.raises(ConfigError, match="names no base run config"):
         load_experiment(tmp_path / "bare.yaml")
+
+
+def test_pipeline_arms_are_compared_per_iteration_and_by_delivery(tmp_path):
+    """The figures an async-vs-sync experiment pairs: seconds per iteration, informative groups per
+    hour and who waited, read from the report (absent from a report written before them)."""
+    run = _report(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    throughput = {"engine_wait_frac": 0.25, "learner_wait_frac": 0.5, "informative_groups_per_hour": 90.0}
+    (run / "report.json").write_text(json.dumps({**report, "throughput": throughput}))
+    metrics = arm_metrics(run)
+    assert metrics["s_per_iteration"] == 5.0 and metrics["informative_per_hour"] == 90.0
+    assert (metrics["engine_wait_frac"], metrics["learner_wait_frac"]) == (0.25, 0.5)
+    assert arm_metrics(_report(tmp_path / "old"))["informative_per_hour"] is None
