@@ -794,20 +794,30 @@ def run_overrides(
     ]
 
 
-def prepare(path: str | Path, out: Path | None, tiny: bool) -> tuple[ExperimentConfig, Path, Path]:
-    """The experiment file loaded (shrunk by ``tiny_experiment`` with ``tiny``), its base run
-    config and its output folder: ``out``, else ``runs/experiment-<name>`` (``-tiny`` appended
-    with ``tiny``, so a tiny run never meets the real experiment's runs)."""
+def prepare(
+    path: str | Path, out: Path | None, tiny: bool, seeds: Sequence[int] | None = None
+) -> tuple[ExperimentConfig, Path, Path]:
+    """The experiment file loaded (shrunk by ``tiny_experiment`` with ``tiny``; with ``seeds``, only
+    those of its seeds), its base run config and its output folder: ``out``, else
+    ``runs/experiment-<name>`` (``-tiny`` appended with ``tiny``, so a tiny run never meets the
+    real experiment's runs)."""
     exp, base = load_experiment(path)
+    if seeds is not None:
+        unknown = sorted(set(seeds) - set(exp.seeds))
+        if unknown or not seeds:
+            raise ValueError(f"--seeds {list(seeds)}: the experiment's seeds are {exp.seeds}")
+        exp = exp.model_copy(update={"seeds": [s for s in exp.seeds if s in set(seeds)]})
     out = out or Path("runs") / f"experiment-{exp.name}{'-tiny' if tiny else ''}"
     return (tiny_experiment(exp, out / "games") if tiny else exp), base, out
 
 
-def plan_experiment(path: str | Path, out: Path | None = None, tiny: bool = False) -> list[str]:
+def plan_experiment(
+    path: str | Path, out: Path | None = None, tiny: bool = False, seeds: Sequence[int] | None = None
+) -> list[str]:
     """``--dry-run``: one line per run the experiment would train, each run's config built and
     validated as the run builds it; nothing is trained or written. A gate memory's logs that its
     earlier arms have not written yet are left out of the config checked."""
-    exp, base, out = prepare(path, out, tiny)
+    exp, base, out = prepare(path, out, tiny, seeds)
     lines = []
     for arm in exp.arms:
         for seed in exp.seeds:
@@ -822,9 +832,12 @@ def plan_experiment(path: str | Path, out: Path | None = None, tiny: bool = Fals
     return lines
 
 
-def run_experiment(path: str | Path, out: Path | None = None, tiny: bool = False) -> Path:
-    """Every arm on every seed, then the outputs (the module's doc); returns experiment.md."""
-    exp, base, out = prepare(path, out, tiny)
+def run_experiment(
+    path: str | Path, out: Path | None = None, tiny: bool = False, seeds: Sequence[int] | None = None
+) -> Path:
+    """Every arm on every seed (``seeds``: only those), then the outputs (the module's doc);
+    returns experiment.md."""
+    exp, base, out = prepare(path, out, tiny, seeds)
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
     evals_by_arm: dict[str, dict[int, dict[str, Any]]] = {}
@@ -879,13 +892,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="build and validate every run's config, print one line per run, train nothing",
     )
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=None,
+        help="comma-separated: run only these of the file's seeds (the outputs cover them); a later "
+        "run of more seeds into the same folder reads these runs back instead of training them again",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.dry_run:
-            print("\n".join(plan_experiment(args.config, args.out, args.tiny)))
+            print("\n".join(plan_experiment(args.config, args.out, args.tiny, args.seeds)))
             return 0
-        report = run_experiment(args.config, args.out, args.tiny)
+        report = run_experiment(args.config, args.out, args.tiny, args.seeds)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -590,3 +590,14 @@ def test_pipeline_arms_are_compared_per_iteration_and_by_delivery(tmp_path):
     assert metrics["s_per_iteration"] == 5.0 and metrics["informative_per_hour"] == 90.0
     assert (metrics["engine_wait_frac"], metrics["learner_wait_frac"]) == (0.25, 0.5)
     assert arm_metrics(_report(tmp_path / "old"))["informative_per_hour"] is None
+
+
+def test_seeds_runs_a_subset_of_the_files_seeds_and_refuses_others(capsys):
+    from selective_rollout.experiment import main
+
+    assert main(["--config", "configs/async_cpu.yaml", "--dry-run", "--seeds", "1,0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 * 2  # three arms, two seeds, in the file's order
+    assert lines[0].startswith("sync_split-s0:") and lines[1].startswith("sync_split-s1:")
+    assert main(["--config", "configs/async_cpu.yaml", "--dry-run", "--seeds", "7"]) == 2
+    assert "--seeds [7]: the experiment's seeds are [0, 1, 2, 3, 4, 5]" in capsys.readouterr().err
