@@ -178,6 +178,7 @@ def one_iteration(model: str, engine: list[str]) -> str:
             f"engine.model={model}",
             f"driver.run_dir={run_dir}",
             "driver.update_check=true",
+            "driver.pipeline=sync",  # one iteration: nothing to overlap, every update synced at once
             "logging.backends=[jsonl]",
             "logging.progress=false",
             *engine,

@@ -30,6 +30,7 @@ Unknown keys and invalid values are rejected with one error line naming the key.
 
 Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),
 `alfworld_qwen2.5_7b_grpo.yaml` (the paper's setup on one 8-GPU node),
+`alfworld_qwen2.5_7b_grpo_async.yaml` (the same pipelined, on 6 engines + 2 learners),
 `alfworld_qwen2.5_7b_multinode.yaml` (the same on 4 nodes x 8 GPUs), `alfworld_qwen2.5_7b_2node.yaml`
 (on 2 nodes x 8 GPUs), `cpu_textworld.yaml` (the CPU profile on TextWorld Cooking, the second
 environment).

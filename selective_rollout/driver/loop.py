@@ -217,11 +217,7 @@ class Driver:
         self.state["policy_version"] = self.pipeline.learner_version
         if cfg.driver.eval_every and (it + 1) % cfg.driver.eval_every == 0 and it + 1 < cfg.driver.iterations:
             metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
-        syncs, sync_s = self.pipeline.take_syncs()
-        metrics["pipeline/syncs"] = float(syncs)
-        if syncs:
-            metrics["system/weight_sync_s"] = sync_s
-            metrics["system/served_logprob_gap"] = self.actors.served_gap
+        metrics.update(self._sync_metrics())
         metrics.update(ray.get(self.coordinator.env_metrics.remote()))
         metrics.update(self.actors.memory_metrics())
         metrics["system/engine_restarts"] = float(self.actors.engine_restarts)
@@ -238,6 +234,19 @@ class Driver:
         if (it + 1) % cfg.trainer.save_every == 0 or it + 1 == cfg.driver.iterations:
             self.learner.save_checkpoint(self.ckpt_dir, dict(self.state))
         return metrics
+
+    def _sync_metrics(self) -> dict[str, float]:
+        """The weight syncs since the last log line: how many, their seconds and the served gap
+        the last one verified (the final evaluation's line logs the sync an async run does before
+        it)."""
+        syncs, sync_s = self.pipeline.take_syncs()
+        if not syncs:
+            return {"pipeline/syncs": 0.0}
+        return {
+            "pipeline/syncs": float(syncs),
+            "system/weight_sync_s": sync_s,
+            "system/served_logprob_gap": self.actors.served_gap,
+        }
 
     def _pipeline_metrics(self, collected: Any) -> dict[str, float]:
         """The batch's versions and what the learner waited for it (``pipeline/*``)."""
@@ -286,7 +295,8 @@ class Driver:
                 success=f"{m.get('rollout/success_rate', 0):.2f}",
             )
         if "after" not in self.state["eval"]:
-            self.logger.log(eval_metrics(self.evaluate("after")), self.cfg.driver.iterations)
+            after = eval_metrics(self.evaluate("after"))
+            self.logger.log({**after, **self._sync_metrics()}, self.cfg.driver.iterations)
             self.save_final_state()
         driver = self.cfg.driver
         return write_report(

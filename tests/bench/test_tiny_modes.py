@@ -7,10 +7,10 @@ measurement prints (its table's header, its JSON keys). Left out: ``gpu_smoke.py
 the vLLM engine of ``engine_throughput.py`` where vllm is not importable (the script reports it
 unavailable, and this test checks that it says why).
 
-Experiments: every ``configs/ab_*.yaml`` and ``configs/cpu_learning*.yaml`` has each arm's tiny
-run config built and validated (``--tiny --dry-run``); one of them, ``configs/ab_cpu_seeds.yaml``
-(an ``overrides_of`` variant with the offline sweep), trains end to end (``--tiny``) and must
-write its report. Every config end to end would take about half an hour on 2 cores, past this
+Experiments: every ``configs/ab_*.yaml``, ``configs/cpu_learning*.yaml`` and
+``configs/async_*.yaml`` has each arm's tiny run config built and validated (``--tiny
+--dry-run``); one of them, ``configs/ab_cpu_seeds.yaml`` (an ``overrides_of`` variant with the
+offline sweep), trains end to end (``--tiny``) and must write its report. Every config end to end would take about half an hour on 2 cores, past this
 directory's budget of about 10 minutes.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted([*REPO.glob("configs/ab_*.yaml"), *REPO.glob("configs/cpu_learning*.yaml")])
+EXPERIMENTS = sorted(
+    [
+        *REPO.glob("configs/ab_*.yaml"),
+        *REPO.glob("configs/cpu_learning*.yaml"),
+        *REPO.glob("configs/async_*.yaml"),
+    ]
+)
 END_TO_END = REPO / "configs" / "ab_cpu_seeds.yaml"
 # bench scripts that need a GPU, and the shared --tiny helper (no script of its own)
 NOT_TINY = {"gpu_smoke.py", "gpu_smoke_cluster.py", "_tiny.py"}
@@ -97,8 +104,33 @@ def test_faults_in_tiny_mode_lands_its_kill() -> None:
         assert any(line.startswith(f"{scenario} ") and " 1 of 1 " in line for line in out.splitlines()), out
 
 
+def test_async_projection_from_the_papers_shares_and_from_a_sync_run(tmp_path: Path) -> None:
+    out = run("bench/async_projection.py", "--tiny")
+    assert "PROJECTION from the paper's result files" in out and "| 6+2 | 0.7263 | 0.6369 | 1.57x |" in out
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(
+        "engine: {num_engines: 2}\ntrainer: {num_learners: 2}\ndriver: {pipeline: sync}\n"
+    )
+    rows = [
+        {"iteration": i, "rollout/wall_s": 60.0, "train/step_s": 30.0, "system/weight_sync_s": 2.0}
+        for i in (0, 1)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in [{"iteration": -1}, *rows]))
+    out = run("bench/async_projection.py", "--tiny", "--run", run_dir, "--splits", "2+2,3+1")
+    # sync 2+2: 60 + 30 + 2; async 2+2: 2 + max(60, 30); async 3+1: 2 + max(40, 60)
+    assert "| 2+2 | 92 | 62 | 1.48x | 50% |" in out and "| 3+1 | 102 | 62 | 1.48x | 100% |" in out
+
+
 def test_every_bench_script_has_a_tiny_test() -> None:
-    covered = {*BENCH, "engine_throughput.py", "regime.py", "rollout_ab.py", "faults.py"}
+    covered = {
+        *BENCH,
+        "engine_throughput.py",
+        "regime.py",
+        "rollout_ab.py",
+        "faults.py",
+        "async_projection.py",
+    }
     scripts = {p.name for p in (REPO / "bench").glob("*.py")} - NOT_TINY
     assert scripts == covered, f"bench scripts without a tiny test: {sorted(scripts - covered)}"
 

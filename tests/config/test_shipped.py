@@ -38,6 +38,21 @@ def test_paper_recipe_matches_the_paper():
     assert cfg.rollout.groups_per_iteration == 10 and cfg.env.source == "official"
 
 
+def test_the_async_recipe_is_the_paper_recipe_pipelined_on_a_split_chosen_for_it():
+    sync = load_config(ROOT / "configs" / "alfworld_qwen2.5_7b_grpo.yaml")
+    pipelined = load_config(ROOT / "configs" / "alfworld_qwen2.5_7b_grpo_async.yaml")
+    assert sync.driver.pipeline == "sync" and sync.trainer.policy_loss == "ppo_clip"
+    assert (pipelined.driver.pipeline, pipelined.driver.max_staleness) == ("async", 1)
+    assert pipelined.trainer.policy_loss == "decoupled_ppo"
+    # one node's 8 GPUs, more of them rolling out
+    assert (sync.engine.num_engines, sync.trainer.num_learners) == (4, 4)
+    assert (pipelined.engine.num_engines, pipelined.trainer.num_learners) == (6, 2)
+    # the method unchanged
+    changed = {"name", "engine", "trainer", "driver"}
+    same = sync.model_dump(exclude=changed) == pipelined.model_dump(exclude=changed)
+    assert same and sync.gate == pipelined.gate and sync.rollout == pipelined.rollout
+
+
 def test_cpu_profile_is_in_the_methods_regime_by_construction():
     """DESIGN.md 4: G = 8, episodes of >= 15 steps, the regime's D_K read mid-trajectory (K 3-6 and
     <= 40% of the cap) even though the profile's gate (stalled) decides later; the measured half of

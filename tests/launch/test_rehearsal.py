@@ -37,9 +37,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayNode,
         yield nodes
 
 
-def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
+def rehearsal_overrides(name: str, games: Path, model: Path, pipeline: str = "sync") -> list[str]:
     """What differs from the recipe: the device, the size (the GPU smoke's, with two engines, two
-    learners, two iterations and the recipe's G), the model and the data."""
+    learners, two iterations and the recipe's G), the model and the data; and the pipeline, pinned
+    (``async`` trains with the decoupled-PPO correction)."""
     device = [
         "engine.num_gpus=0",
         "placement.learner_num_gpus=0",
@@ -63,19 +64,26 @@ def rehearsal_overrides(name: str, games: Path, model: Path) -> list[str]:
     # The 135M model, untrained, cannot write a ReAct thought and an ALFWorld command (the 7B can):
     # it chooses among the admissible commands.
     model_fit = [f"engine.model={model}", "agent.action_format=action", "agent.constrain_to_admissible=true"]
-    return [f"name={name}", *model_fit, *device, *size, *generated_data(games)]
+    pipelines = {
+        "sync": ["driver.pipeline=sync"],
+        "async": ["driver.pipeline=async", "driver.max_staleness=1", "trainer.policy_loss=decoupled_ppo"],
+    }
+    return [f"name={name}", *model_fit, *device, *size, *pipelines[pipeline], *generated_data(games)]
 
 
-def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(cluster, tiny_games: Path, smollm2_path: Path) -> None:
+@pytest.mark.parametrize("pipeline", ["sync", "async"])
+def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(
+    cluster, tiny_games: Path, smollm2_path: Path, pipeline: str
+) -> None:
     head, ids = cluster
-    name = f"rehearsal-{uuid.uuid4().hex[:8]}"
+    name = f"rehearsal-{pipeline}-{uuid.uuid4().hex[:8]}"
     done = submit(
         head.dashboard_url,
         "--",
         "--config",
         RECIPE,
-        *rehearsal_overrides(name, tiny_games, smollm2_path),
-        timeout_s=2100,
+        *rehearsal_overrides(name, tiny_games, smollm2_path, pipeline),
+        timeout_s=1200,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, head.log_tail() + done.stderr[-1500:] + done.stdout[-6000:]
@@ -110,9 +118,24 @@ def check_run_folder(run_dir: Path, ids: dict[str, str], log: str) -> None:
     # wins few episodes, so a run may hold none; the update check above does not depend on it)
     learned = [g for g in read_groups(run_dir / "rollouts.jsonl") if g.trained_on and not g.zero_variance]
     assert not learned or any(m["train/grad_norm"] > 0 for m in updated), "no update moved the weights"
-    for m in updated:  # every update was synced and the served weights verified
-        assert m["system/weight_sync_s"] > 0
-        assert 0 <= m["system/served_logprob_gap"] <= cfg["trainer"]["served_weights_tol"]
+    if cfg["driver"]["pipeline"] == "sync":
+        for m in updated:  # every update was synced at once and the served weights verified
+            assert m["system/weight_sync_s"] > 0
+    else:  # the second rollout was played during the first update, within the bound
+        assert [m["pipeline/rollout_version"] for m in sorted(metrics, key=lambda m: m["iteration"])] == [
+            1,
+            1,
+        ]
+        assert all(m["pipeline/staleness"] <= cfg["driver"]["max_staleness"] for m in metrics)
+        # no sync was due inside the two iterations (the bound allows one update of lag); any
+        # update reached the engines before the final evaluation, whose line logs that sync
+        (after,) = [m for m in logged if m["iteration"] == 2]
+        assert not any("system/weight_sync_s" in m for m in metrics)
+        assert bool(updated) == ("system/weight_sync_s" in after)
+    for m in [*metrics, *logged[-1:]]:  # every sync, whenever it came, verified what the engines serve
+        if "system/weight_sync_s" in m:
+            assert m["system/weight_sync_s"] > 0
+            assert 0 <= m["system/served_logprob_gap"] <= cfg["trainer"]["served_weights_tol"]
     rollouts = [m for m in metrics if "system/prefix_cache_hit_rate" in m]
     assert rollouts and all(m["system/prefix_cache_hit_rate"] > 0.3 for m in rollouts)
     report = json.loads((run_dir / "report.json").read_text())

@@ -159,7 +159,12 @@ def test_registration_refuses_a_name_twice_a_bad_target_and_a_missing_library(to
 
 @pytest.mark.parametrize(
     "recipe",
-    ["alfworld_qwen2.5_7b_grpo.yaml", "alfworld_qwen2.5_7b_multinode.yaml", "alfworld_qwen2.5_7b_2node.yaml"],
+    [
+        "alfworld_qwen2.5_7b_grpo.yaml",
+        "alfworld_qwen2.5_7b_grpo_async.yaml",
+        "alfworld_qwen2.5_7b_multinode.yaml",
+        "alfworld_qwen2.5_7b_2node.yaml",
+    ],
 )
 def test_the_gpu_recipes_bind_vllms_own_keys_without_importing_vllm(recipe):
     cfg = load_config(ROOT / "configs" / recipe)
