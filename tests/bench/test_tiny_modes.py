@@ -10,8 +10,8 @@ unavailable, and this test checks that it says why).
 Experiments: every ``configs/ab_*.yaml``, ``configs/cpu_learning*.yaml`` and
 ``configs/async_*.yaml`` has each arm's tiny run config built and validated (``--tiny
 --dry-run``); one of them, ``configs/ab_cpu_seeds.yaml`` (an ``overrides_of`` variant with the
-offline sweep), trains end to end (``--tiny``) and must write its report. Every config end to end would take about half an hour on 2 cores, past this
-directory's budget of about 10 minutes.
+offline sweep), trains end to end (``--tiny``) and must write its report. Every config end to end
+would take about half an hour on 2 cores, past this directory's budget of about 10 minutes.
 """
 
 from __future__ import annotations
