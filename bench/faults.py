@@ -24,7 +24,11 @@ It prints one row per scenario: tries survived, groups lost (a failed group neve
 records duplicated (a group id or a metrics iteration logged twice) and requests left
 unanswered. Everything is ended by PID (never ``ray stop``).
 
-    python bench/faults.py [--tries 1] [--only env,engine,driver,server] [--tiny]
+    python bench/faults.py [--tries 1] [--only env,engine,driver,server] [--pipeline sync] [--tiny]
+
+``--pipeline async`` runs the training scenarios under ``driver.pipeline=async`` (decoupled PPO):
+the driver's kill then lands while the next iteration's rollout is in flight, whose groups the
+resumed run must play again without logging any twice.
 
 ``--tiny`` (what CI runs, tests/bench) plays one try of the env and server scenarios, the runs on
 4-step episodes: the engine kill takes the env kill's path through this script, and the driver
@@ -69,6 +73,11 @@ FAULTS_RUN = [
     "engine.temperature=1.0",
     "trainer.save_every=1",
 ]
+# the pipeline's settings (--pipeline)
+PIPELINES = {
+    "sync": ["driver.pipeline=sync"],
+    "async": ["driver.pipeline=async", "trainer.policy_loss=decoupled_ppo"],
+}
 # --tiny: 4-step episodes (the gate is off, so no gate step bounds them)
 TINY_EPISODES = ["rollout.max_steps=4"]
 # CPU seconds a process must spend after the rollout starts to count as serving it: an env
@@ -317,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=1)
     ap.add_argument("--only", default="env,engine,driver,server")
+    ap.add_argument(
+        "--pipeline", choices=sorted(PIPELINES), default="sync", help="driver.pipeline of the runs"
+    )
     args = parse_args(ap, argv, only="env,server")
-    extra = TINY_EPISODES if args.tiny else []
+    extra = [*PIPELINES[args.pipeline], *(TINY_EPISODES if args.tiny else [])]
     rows = []
     with tempfile.TemporaryDirectory(prefix="sr-faults-") as tmp:
         root = Path(tmp)
@@ -340,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 row.tries += 1
                 print(f"  {name} try {row.tries}: {time.monotonic() - start:.0f} s", file=sys.stderr)
             rows.append(row)
+    print(f"pipeline: {args.pipeline}")
     print(f"{'scenario':8} {'survived':>9} {'groups lost':>12} {'duplicated':>11} {'unanswered':>11}  notes")
     for r in rows:
         notes = "; ".join(dict.fromkeys(r.notes))
