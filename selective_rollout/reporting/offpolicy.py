@@ -1,13 +1,17 @@
 """How far behind the learner a run's batches were played, and what the correction weighed.
 
 Built from the iterations' ``offpolicy/*`` and ``pipeline/*`` metrics (``LearnerGroup.train_step``
-and the driver's pipeline); the report's "pipeline" and "importance weights" rows.
+and the driver's pipeline) and the groups' policy versions; the report's "pipeline", "groups by
+version lag" and "importance weights" rows.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from selective_rollout.records import GroupRecord, Outcome
 
 LAG_PREFIX = "offpolicy/groups_lag_"
 
@@ -52,8 +56,40 @@ def offpolicy_summary(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
     return summary
 
 
-def offpolicy_rows(summary: dict[str, Any] | None, pipeline: str, max_staleness: int) -> list[str]:
-    """The report's rows on the pipeline and its importance weights."""
+def outcomes_by_lag(
+    groups: Sequence[GroupRecord], metrics: Sequence[Mapping[str, Any]]
+) -> dict[int, dict[str, int]]:
+    """Per version lag (the learner's version when the group's iteration trained, minus the
+    version that played it): groups started, cut, audited and trained. The gate decides on groups
+    of every lag alike; this says what it did at each."""
+    learner = {
+        int(m["iteration"]): int(m["pipeline/learner_version"])
+        for m in metrics
+        if "pipeline/learner_version" in m
+    }
+    by_lag: dict[int, Counter[str]] = {}
+    for g in groups:
+        if g.iteration not in learner or g.outcome is Outcome.SKIPPED:
+            continue
+        counts = by_lag.setdefault(learner[g.iteration] - g.policy_version, Counter())
+        counts["started"] += 1
+        counts["cut"] += g.outcome is Outcome.CUT
+        counts["audited"] += g.outcome is Outcome.AUDITED
+        counts["trained"] += g.trained_on
+    return {
+        lag: {k: counts[k] for k in ("started", "cut", "audited", "trained")}
+        for lag, counts in sorted(by_lag.items())
+    }
+
+
+def offpolicy_rows(
+    summary: dict[str, Any] | None,
+    pipeline: str,
+    max_staleness: int,
+    by_lag: dict[int, dict[str, int]] | None = None,
+) -> list[str]:
+    """The report's rows on the pipeline, the gate's outcomes by version lag and the importance
+    weights."""
     if summary is None:
         return ["| pipeline | not recorded (a run logged before pipeline/* metrics) |"]
     bound = f"staleness bound {max_staleness}" if pipeline == "async" else "staleness 0 by construction"
@@ -62,6 +98,11 @@ def offpolicy_rows(summary: dict[str, Any] | None, pipeline: str, max_staleness:
         f"| pipeline | {pipeline} ({bound}); groups trained by version lag: {lags}; weight syncs: "
         f"{summary['syncs']}; the learner waited {summary['rollout_wait_s']:.0f} s for rollouts |"
     ]
+    if by_lag:
+        counts = "; ".join(
+            f"lag {lag}: " + ", ".join(f"{n} {what}" for what, n in c.items()) for lag, c in by_lag.items()
+        )
+        rows.append(f"| groups by version lag | {counts} |")
     if "is_mean" not in summary:
         return [
             *rows,

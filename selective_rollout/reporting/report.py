@@ -19,7 +19,7 @@ from selective_rollout.policy_eval import describe_gain, success_gain
 from selective_rollout.records import GroupRecord, Outcome, read_groups
 from selective_rollout.reporting.idle import throughput_summary
 from selective_rollout.reporting.metrics_log import read_metrics
-from selective_rollout.reporting.offpolicy import offpolicy_rows, offpolicy_summary
+from selective_rollout.reporting.offpolicy import offpolicy_rows, offpolicy_summary, outcomes_by_lag
 from selective_rollout.stats import clopper_pearson
 
 RSS_PREFIX = "system/rss_gb/"
@@ -274,7 +274,12 @@ def write_report(
         "placement": placement,
         "peak_rss_gb": peak_memory(metrics),
         "throughput": throughput_summary(metrics, summary["informative_kept"], state.get("wall_s", 0.0)),
-        "pipeline": {"kind": pipeline, "max_staleness": max_staleness, **(offpolicy_summary(metrics) or {})},
+        "pipeline": {
+            "kind": pipeline,
+            "max_staleness": max_staleness,
+            "outcomes_by_lag": outcomes_by_lag(groups, metrics),
+            **(offpolicy_summary(metrics) or {}),
+        },
     }
     before, after = evals.get("before"), evals.get("after")
     gain = success_gain(before, after) if before and after else None
@@ -353,7 +358,9 @@ def write_report(
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "
         f"{summary['step_tokens_saved_basis']}) |",
         *throughput_rows(report["throughput"]),
-        *offpolicy_rows(offpolicy_summary(metrics), pipeline, max_staleness),
+        *offpolicy_rows(
+            offpolicy_summary(metrics), pipeline, max_staleness, outcomes_by_lag(groups, metrics)
+        ),
         f"| peak resident memory | {memory_row} |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",

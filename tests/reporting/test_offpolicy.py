@@ -63,3 +63,34 @@ def test_a_sync_run_says_no_token_was_stale_and_an_old_log_says_not_recorded(tmp
     assert (
         "| pipeline | sync (staleness 0 by construction); groups trained by version lag: lag 0: 8" in report
     )
+
+
+def test_the_gates_outcomes_are_counted_by_the_version_lag_they_were_trained_at():
+    from selective_rollout.records import GroupRecord, Outcome, Trajectory
+    from selective_rollout.reporting.offpolicy import outcomes_by_lag
+
+    def group(gid: str, it: int, version: int, outcome: Outcome, rewards=(1.0, 0.0)) -> GroupRecord:
+        trajectories = [Trajectory(i, [], reward=r) for i, r in enumerate(rewards)]
+        return GroupRecord(gid, "t", "x", trajectories, outcome, it, policy_version=version)
+
+    groups = [
+        group("a", 0, 1, Outcome.COMPLETED),
+        group("b", 0, 1, Outcome.CUT, (None, None)),
+        group("c", 1, 1, Outcome.COMPLETED),  # played before iteration 0's update: lag 1
+        group("d", 1, 1, Outcome.AUDITED, (0.0, 0.0)),
+        group("e", 1, 1, Outcome.SKIPPED, ()),  # never played: not counted
+        group("f", -1, 2, Outcome.COMPLETED),  # an evaluation: not counted
+    ]
+    metrics = [
+        {"iteration": 0, "pipeline/learner_version": 1},
+        {"iteration": 1, "pipeline/learner_version": 2},
+    ]
+    by_lag = outcomes_by_lag(groups, metrics)
+    assert by_lag == {
+        0: {"started": 2, "cut": 1, "audited": 0, "trained": 1},
+        1: {"started": 2, "cut": 0, "audited": 1, "trained": 1},
+    }
+    rows = offpolicy_rows(offpolicy_summary([iteration(0, 0, 0.0)]), "async", 1, by_lag)
+    assert (
+        "| groups by version lag | lag 0: 2 started, 1 cut, 0 audited, 1 trained; lag 1: 2 started" in rows[1]
+    )
