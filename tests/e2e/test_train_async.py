@@ -80,3 +80,60 @@ def test_async_pipeline_plays_ahead_within_the_staleness_bound(ray_cluster, tmp_
     assert summary["pipeline"]["kind"] == "async" and {"before", "iteration 2", "after"} <= set(
         summary["eval"]
     )
+
+
+def test_an_async_run_killed_with_a_rollout_in_flight_resumes_without_duplicates(ray_cluster, tmp_path):
+    """The driver stops after iteration 0's checkpoint while iteration 1's rollout (started before
+    iteration 0 trained) is in flight and has logged groups; the same command resumes from the
+    checkpoint: those groups move to rollouts.jsonl.rewound, iteration 1 is played again from the
+    checkpoint's task cursor, and no group id or metrics iteration is logged twice."""
+    import time
+    from collections import Counter
+
+    from selective_rollout.driver import Driver
+    from selective_rollout.trainer.checkpoint import latest_checkpoint, read_extra_state
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        "driver.iterations=2",
+        "driver.pipeline=async",
+        "trainer.policy_loss=decoupled_ppo",
+        "trainer.save_every=1",
+        "rollout.groups_per_iteration=2",
+        "rollout.max_groups_in_flight=1",  # iteration 1's groups finish one by one
+    ]
+    cfg = arithmetic_config(tmp_path, run_dir, overrides)
+    first = Driver(cfg, run_dir)
+    try:
+        first.resume()
+        first.start_pipeline()
+        first.evaluate("before")
+        first.iteration(0)  # trains iteration 0 and checkpoints it; iteration 1 plays meanwhile
+        deadline = time.monotonic() + 300
+        while not any(g.iteration == 1 for g in read_groups(run_dir / "rollouts.jsonl")):
+            assert time.monotonic() < deadline, "iteration 1's rollout logged no group"
+            time.sleep(0.2)
+    finally:
+        first.close()  # the kill: actors gone, iteration 1 never trained
+    in_flight = {g.group_id for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 1}
+    state = read_extra_state(latest_checkpoint(run_dir / "checkpoints"))
+    assert state["iteration"] == 1 and state["policy_version"] <= 1
+
+    second = Driver(cfg, run_dir)
+    try:
+        second.run()
+    finally:
+        second.close()
+    aside = [
+        json.loads(line)["group_id"] for line in (run_dir / "rollouts.jsonl.rewound").read_text().splitlines()
+    ]
+    assert in_flight <= set(aside)
+    groups = list(read_groups(run_dir / "rollouts.jsonl"))
+    assert not [gid for gid, n in Counter(g.group_id for g in groups).items() if n > 1]
+    iterations = Counter(m["iteration"] for m in read_metrics(run_dir / "metrics.jsonl"))
+    assert iterations[0] == iterations[1] == 1
+    # iteration 1 was played again from the same tasks: its first group is the same task's
+    replayed = [g.task_id for g in groups if g.iteration == 1]
+    assert replayed and replayed[0] == next(
+        json.loads(line)["task_id"] for line in (run_dir / "rollouts.jsonl.rewound").read_text().splitlines()
+    )
