@@ -57,6 +57,17 @@ STRATEGIES.add("preskip", f"{_STRATEGIES}:PreSkip")
 STRATEGIES.add("selective", f"{_STRATEGIES}:Selective")
 STRATEGIES.add("selective+dapo", f"{_STRATEGIES}:SelectiveDapo")
 
+# a rollout schedule: how a batch's groups are played (``rollout.mode``), a ``GroupScheduler``
+# built with the run's config, engines, env pool and agent (its parameters are rollout.* keys)
+ROLLOUT_MODES: Registry = Registry(
+    "rollout mode",
+    "selective_rollout.rollout_modes",
+    base="selective_rollout.rollout.scheduler:GroupScheduler",
+    params_attr=None,
+)
+ROLLOUT_MODES.add("concurrent", "selective_rollout.rollout.coordinator:GroupCoordinator")
+ROLLOUT_MODES.add("lockstep", "selective_rollout.rollout.lockstep:LockstepRollout")
+
 ENVS: Registry = Registry(
     "environment",
     "selective_rollout.envs",

@@ -9,10 +9,12 @@ An entry is a class named three ways, all loaded the same lazy way:
 - an entry point of the registry's group in an installed package's metadata (``[project.entry-points.
   "selective_rollout.gates"] my_gate = "my_pkg.gates:MyGate"``): a third party plugs in without
   editing this package;
-- a decorator (``@REGISTRY.register("name")``) for a class defined in code that runs anyway (a test,
-  a notebook, a script);
 - its own path as the name (``env.name=my_pkg.envs:MyEnv``): nothing to register, and every process
   that reads the config (Ray workers included) finds the class the same way.
+
+A class decorator (``@REGISTRY.register("name")``) is deprecated: the registration exists only in
+the process that ran it, and the Ray actors that resolve names in their own processes (the
+coordinator, engines, learners) never see it.
 
 Each entry owns a pydantic ``Params`` model: its parameters with their defaults, bounds and
 descriptions, which config validation and the configuration reference read. The model may live in
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -141,7 +144,15 @@ class Registry(Mapping[str, type], Generic[T]):
         self._put(name, _Entry(target, params, meta))
 
     def register(self, name: str, **meta: Any) -> Callable[[C], C]:
-        """Class decorator registering the class under ``name`` (checked now, as it is loaded)."""
+        """Deprecated class decorator registering the class under ``name`` in this process only
+        (checked now, as it is loaded); name the class by its path or by an entry point instead."""
+        warnings.warn(
+            f"{self.kind} {name!r}: registering by decorator is deprecated; the registration exists only "
+            f"in this process and Ray actors never see it. Name the class by its path ('module:Class') "
+            f"or add an entry point of the group {self.group}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
         def deco(cls: C) -> C:
             self._checked(name, cls, None)

@@ -38,3 +38,17 @@ def test_bad_values_get_one_line_naming_the_entry_and_each_parameter():
 def test_a_model_and_keywords_together_are_refused_not_half_ignored():
     with pytest.raises(TypeError, match="one model or as keywords, not both"):
         bind_params("gate", "demo", Knobs, Knobs(), {"k": 3})
+
+
+def test_registering_by_decorator_warns_that_ray_actors_never_see_it():
+    from selective_rollout.plugins import STRATEGIES
+    from selective_rollout.rollout.strategies import NoFilter
+
+    with pytest.warns(DeprecationWarning, match="exists only in this process and Ray actors never see it"):
+        deco = STRATEGIES.register("toy_no_filter")
+    try:
+        deco(type("ToyNoFilter", (NoFilter,), {}))
+        assert "toy_no_filter" in STRATEGIES  # still works here, for one release
+    finally:
+        STRATEGIES.remove("toy_no_filter")
+    assert "selective_rollout.rollout.strategies:NoFilter" in STRATEGIES  # the path: every process

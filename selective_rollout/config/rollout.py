@@ -5,12 +5,12 @@ and the selected strategy's own parameters are flat keys of this section (``roll
 declared by the strategy's ``Params``, so a new strategy needs no change here.
 """
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.plugins import STRATEGIES
+from selective_rollout.plugins import ROLLOUT_MODES, STRATEGIES
 from selective_rollout.registry import Registry
 
 
@@ -29,10 +29,12 @@ class RolloutConfig(EntrySection):
         "strategy decides whether the gate is consulted: an ungated one (none, dapo, preskip) is how "
         "the gate is turned off (gate.name=none is a deprecated spelling of that)",
     )
-    mode: Literal["concurrent", "lockstep"] = Field(
+    mode: str = Field(
         "concurrent",
-        description="the rollout source: concurrent (rollout.coordinator.GroupCoordinator) or lockstep "
-        "(rollout.lockstep.LockstepRollout, the paper's loop: one group at a time, all G in lock-step)",
+        description="the rollout schedule, a registered one: concurrent (rollout.coordinator."
+        "GroupCoordinator) or lockstep (rollout.lockstep.LockstepRollout, the paper's loop: one group "
+        "at a time, all G in lock-step), or your own GroupScheduler (a module:Class path or an entry "
+        "point of selective_rollout.rollout_modes)",
     )
     group_size: int = Field(8, ge=2, description="G: trajectories per task")
     groups_per_iteration: int = Field(4, ge=1, description="target trainable groups per iteration")
@@ -65,6 +67,13 @@ class RolloutConfig(EntrySection):
     engine_replace_timeout_s: float = Field(
         600.0, gt=0, description="with every engine dead, how long to wait for the driver's replacement"
     )
+
+    @field_validator("mode")
+    @classmethod
+    def _registered_mode(cls, value: str) -> str:
+        if value not in ROLLOUT_MODES:
+            raise ValueError(ROLLOUT_MODES.unknown(value))
+        return value
 
     @property
     def uses_gate(self) -> bool:

@@ -16,15 +16,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.config.trajectory_stop import TrajectoryStopConfig
 from selective_rollout.models import model_here
+from selective_rollout.plugins import ROLLOUT_MODES
 from selective_rollout.records import GroupRecord, Task
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
-from selective_rollout.rollout.lockstep import LockstepRollout
 from selective_rollout.rollout.scheduler import GroupScheduler
 from selective_rollout.rollout.source import RolloutBatch
 from selective_rollout.rollout.turns import EngineHandle, GroupFailed
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 class GroupCoordinator(GroupScheduler):
     """Every trajectory runs at its own pace; the gate may cancel them all."""
-
-    mode: ClassVar[str] = "concurrent"
 
     @property
     def in_flight(self) -> int:
@@ -79,9 +77,6 @@ class GroupCoordinator(GroupScheduler):
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-SOURCES: dict[str, type[GroupScheduler]] = {cls.mode: cls for cls in (GroupCoordinator, LockstepRollout)}
-
-
 def rollout_source(
     cfg: RunConfig,
     engines: Sequence[EngineHandle],
@@ -89,8 +84,9 @@ def rollout_source(
     agent: Agent,
     run_dir: str | Path | None = None,
 ) -> GroupScheduler:
-    """The rollout source ``rollout.mode`` names, over these engines, pool and agent."""
-    return SOURCES[cfg.rollout.mode](cfg, engines, pool, agent, run_dir)
+    """The rollout source ``rollout.mode`` names (``plugins.ROLLOUT_MODES``), over these engines,
+    pool and agent."""
+    return ROLLOUT_MODES.get(cfg.rollout.mode)(cfg, engines, pool, agent, run_dir)
 
 
 class CoordinatorActor:

@@ -10,7 +10,6 @@ schedule alone. ``rollout.mode: lockstep`` selects it.
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
 
 from selective_rollout.rollout.group_run import GroupRun
 from selective_rollout.rollout.scheduler import GroupScheduler
@@ -22,7 +21,6 @@ class LockstepRollout(GroupScheduler):
     re-prefilled every turn would hand the concurrent coordinator a caching win that is not
     concurrency's."""
 
-    mode: ClassVar[str] = "lockstep"
     in_flight = 1
 
     async def play(self, group: GroupRun) -> None:

@@ -17,7 +17,7 @@ from abc import abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from selective_rollout.config import RunConfig
 from selective_rollout.gate import NoGate
@@ -44,8 +44,6 @@ class GroupScheduler(RolloutSource):
 
     Usable in-process (the unit tests drive it so) or inside the coordinator's Ray actor.
     """
-
-    mode: ClassVar[str]  # the ``rollout.mode`` that selects the subclass
 
     def __init__(
         self,

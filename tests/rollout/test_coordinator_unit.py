@@ -475,10 +475,34 @@ def test_bad_game_fails_once_with_its_path_and_is_skipped_from_then_on(tmp_path)
     assert "ParseError" in skipped.meta["skipped"]
 
 
-@pytest.mark.parametrize("mode, source", [("concurrent", GroupCoordinator), ("lockstep", LockstepRollout)])
+class OneAtATime(GroupCoordinator):
+    """A rollout schedule of a user's own, named by its path: the concurrent one, one group at a time."""
+
+    @property
+    def in_flight(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize(
+    "mode, source",
+    [
+        ("concurrent", GroupCoordinator),
+        ("lockstep", LockstepRollout),
+        ("tests.rollout.test_coordinator_unit:OneAtATime", OneAtATime),
+    ],
+)
 def test_rollout_mode_selects_the_rollout_source(mode, source):
     co = Coordinated([f"rollout.mode={mode}"])
     assert type(co.c) is source and isinstance(co.c, RolloutSource)
+
+
+def test_an_unknown_rollout_mode_is_one_config_error():
+    from selective_rollout.config import ConfigError, load_config
+
+    with pytest.raises(
+        ConfigError, match=r"rollout\.mode: unknown rollout mode 'lockstp' \(did you mean 'lockstep'"
+    ):
+        load_config(None, ["rollout.mode=lockstp"])
 
 
 def test_lockstep_mode_matches_the_paper_loop():
