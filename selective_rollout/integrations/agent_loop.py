@@ -60,6 +60,7 @@ class EpisodeSource:
     open: Callable[[], Awaitable[tuple[AgentEpisode, AgentObservation]]]
     system_prompt: str
     action_format: Literal["react", "action"] = "react"
+    stop: tuple[str, ...] = ()  # the environment's stop strings (``Environment.stop_strings``)
 
 
 def environment_task(
@@ -72,6 +73,7 @@ def environment_task(
         lambda: ThreadedEpisode.open_task(environment, task),
         system_prompt(action_format, environment.prompt),
         action_format,
+        tuple(environment.stop_strings()),
     )
 
 
@@ -131,6 +133,7 @@ class LoopConfig:
     temperature: float = 1.0
     seed: int = 0
     fuzzy_threshold: float = 0.85
+    stop: tuple[str, ...] = ()  # stop strings of every request, besides the environment's
 
 
 class ChatEndpointError(RuntimeError):
@@ -138,15 +141,17 @@ class ChatEndpointError(RuntimeError):
 
 
 async def _chat(
-    client: httpx.AsyncClient, cfg: LoopConfig, messages: list[dict], seed: int
+    client: httpx.AsyncClient, cfg: LoopConfig, messages: list[dict], seed: int, stop: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    body = {
+    body: dict[str, Any] = {
         "model": cfg.model,
         "messages": messages,
         "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature,
         "seed": seed,
     }
+    if stops := list(dict.fromkeys([*cfg.stop, *stop])):
+        body["stop"] = stops
     resp = await client.post("chat/completions", json=body)
     if resp.status_code != 200:
         raise ChatEndpointError(f"{resp.request.url} answered {resp.status_code}: {resp.text[:300]}")
@@ -177,7 +182,7 @@ async def _sample(
             if step or opening is None:
                 messages += _user_turn(ob)
             reply = await group.unless_cut(
-                i, _chat(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step)
+                i, _chat(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step, source.stop)
             )
             if reply is None:
                 break

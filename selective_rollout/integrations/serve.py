@@ -4,7 +4,7 @@ Lets the inference-time gate (selective_rollout.integrations.infer) and any Open
 the engines this package already has, exactly as they would talk to ``vllm serve``. Endpoints:
 ``GET /v1/models``, ``GET /metrics`` (Prometheus: requests, aborted requests, tokens; see
 ``server_metrics``) and ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
-temperature, top_p, n, seed, stream, stream_options.include_usage). ``stream=true`` answers with
+temperature, top_p, n, seed, stop, stream, stream_options.include_usage). ``stream=true`` answers with
 server-sent events in OpenAI's chunk format (``choices[].delta``, ``finish_reason``, a final
 ``usage`` chunk when ``include_usage`` is set, ``data: [DONE]``). A client that disconnects,
 streaming or not, aborts its request in the engine, which is how a gated sample's generation is
@@ -84,6 +84,17 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
+def _stop(body: dict[str, Any]) -> list[str] | None:
+    """OpenAI's ``stop``: one string or a list of them; the reply ends before the first it meets."""
+    stop = body.get("stop")
+    if stop is None:
+        return None
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+        raise BadRequest(f"'stop' must be a non-empty string or a list of them, got {stop!r}")
+    return stops or None
+
+
 def sampling_from_body(body: dict[str, Any], limits: ServerLimits = ServerLimits()) -> SamplingParams:
     """OpenAI request fields -> SamplingParams, with one clear error per bad field."""
     max_tokens = _integer(body, "max_completion_tokens", None)
@@ -95,6 +106,7 @@ def sampling_from_body(body: dict[str, Any], limits: ServerLimits = ServerLimits
         temperature=_number(body, "temperature", 1.0),
         top_p=_number(body, "top_p", 1.0),
         seed=_integer(body, "seed", None),
+        stop=_stop(body),
     )
     try:
         sp.validate()

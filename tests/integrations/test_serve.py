@@ -43,6 +43,12 @@ def test_sampling_fields_are_validated() -> None:
         sampling_from_body({"max_tokens": 0})  # once silently 64
     with pytest.raises(BadRequest, match=r"'n' must be an integer, got 1\.5"):
         sampling_from_body({"n": 1.5})
+    # OpenAI's stop: one string or a list of them
+    assert sampling_from_body({"stop": "\n"}).stop == ["\n"]
+    assert sampling_from_body({"stop": ["Obs:", "\n\n"]}).stop == ["Obs:", "\n\n"]
+    assert sampling_from_body({}).stop is None
+    with pytest.raises(BadRequest, match="'stop' must be a non-empty string or a list of them"):
+        sampling_from_body({"stop": ["", 3]})
 
 
 # name -> (raw JSON fields after messages and "max_tokens": 4, the words the error must contain);
