@@ -1,6 +1,7 @@
 """A/B experiments: arms x seeds on identical task streams, with paired bootstrap CIs (the top layer).
 
-    python -m selective_rollout.experiment --config configs/ab_cpu.yaml [--out DIR] [--tiny] [--dry-run]
+    python -m selective_rollout.experiment --config configs/experiments/ab_cpu.yaml [--out DIR]
+        [--tiny] [--dry-run] [--seeds 0,1]
 
 Every arm is a full training run (the driver, in this process, over one Ray cluster) from the
 same base config plus the arm's overrides. For a given seed every arm sees the same task
@@ -879,7 +880,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/ab_cpu.yaml")
+    parser.add_argument(
+        "--config", required=True, help="experiment YAML, e.g. configs/experiments/ab_cpu.yaml"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--tiny",

@@ -31,7 +31,7 @@ MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 def references() -> list[Path]:
     """README, the docs outside results/ and the shipped configs."""
     docs = sorted((ROOT / "docs").glob("*.md"))
-    return [ROOT / "README.md", *docs, *sorted((ROOT / "configs").glob("*.yaml"))]
+    return [ROOT / "README.md", *docs, *sorted((ROOT / "configs").glob("**/*.yaml"))]
 
 
 def source_files() -> list[Path]:

@@ -33,7 +33,8 @@ Shipped configs: `cpu_default.yaml` (the laptop profile `make train` runs),
 `alfworld_qwen2.5_7b_grpo_async.yaml` (the same pipelined, on 6 engines + 2 learners),
 `alfworld_qwen2.5_7b_multinode.yaml` (the same on 4 nodes x 8 GPUs), `alfworld_qwen2.5_7b_2node.yaml`
 (on 2 nodes x 8 GPUs), `cpu_textworld.yaml` (the CPU profile on TextWorld Cooking, the second
-environment).
+environment). `configs/experiments/` holds experiment files (arms x seeds over a run profile,
+docs/experiments.md), not run configs.
 """
 TABLE_HEAD = "| key | type | default | constraint | meaning |"
 TABLE_RULE = "|---|---|---|---|---|"

@@ -7,11 +7,11 @@ measurement prints (its table's header, its JSON keys). Left out: ``gpu_smoke.py
 the vLLM engine of ``engine_throughput.py`` where vllm is not importable (the script reports it
 unavailable, and this test checks that it says why).
 
-Experiments: every ``configs/ab_*.yaml``, ``configs/cpu_learning*.yaml`` and
-``configs/async_*.yaml`` has each arm's tiny run config built and validated (``--tiny
---dry-run``); one of them, ``configs/ab_cpu_seeds.yaml`` (an ``overrides_of`` variant with the
-offline sweep), trains end to end (``--tiny``) and must write its report. Every config end to end
-would take about half an hour on 2 cores, past this directory's budget of about 10 minutes.
+Experiments: every file of ``configs/experiments/`` has each arm's tiny run config built and
+validated (``--tiny --dry-run``); one of them, ``configs/experiments/ab_cpu_seeds.yaml`` (an
+``overrides_of`` variant with the offline sweep), trains end to end (``--tiny``) and must write its
+report. Every config end to end would take about half an hour on 2 cores, past this directory's
+budget of about 10 minutes.
 """
 
 from __future__ import annotations
@@ -29,14 +29,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(
-    [
-        *REPO.glob("configs/ab_*.yaml"),
-        *REPO.glob("configs/cpu_learning*.yaml"),
-        *REPO.glob("configs/async_*.yaml"),
-    ]
-)
-END_TO_END = REPO / "configs" / "ab_cpu_seeds.yaml"
+EXPERIMENTS = sorted(REPO.glob("configs/experiments/*.yaml"))
+END_TO_END = REPO / "configs" / "experiments" / "ab_cpu_seeds.yaml"
 # bench scripts that need a GPU, and the shared --tiny helper (no script of its own)
 NOT_TINY = {"gpu_smoke.py", "gpu_smoke_cluster.py", "_tiny.py"}
 

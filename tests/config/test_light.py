@@ -54,9 +54,8 @@ SCRIPT = textwrap.dedent(
     ]
     import yaml
 
-    for path in sorted(Path("configs").glob("*.yaml")):
-        if "arms" in yaml.safe_load(path.read_text()):
-            continue  # an experiment file (arms x seeds over a run config), not a run config
+    for path in sorted(Path("configs").glob("*.yaml")):  # the run configs (experiments/ apart)
+        assert "arms" not in yaml.safe_load(path.read_text()), path
         for extra in overrides:
             load_config(path, extra)
     print("validated")

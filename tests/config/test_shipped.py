@@ -10,8 +10,14 @@ from selective_rollout.config.reference import render
 ROOT = Path(__file__).resolve().parents[2]
 
 
-RUN_CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if "arms:" not in p.read_text()]
-EXPERIMENTS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if p not in RUN_CONFIGS]
+RUN_CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+EXPERIMENTS = sorted((ROOT / "configs" / "experiments").glob("*.yaml"))
+
+
+def test_run_profiles_and_experiment_files_live_in_their_own_folders():
+    assert RUN_CONFIGS and EXPERIMENTS
+    assert not [p.name for p in RUN_CONFIGS if "arms:" in p.read_text()]
+    assert all("arms:" in p.read_text() for p in EXPERIMENTS)
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)

@@ -445,12 +445,13 @@ def test_before_eval_key_ignores_what_acts_only_in_training():
 
 
 def test_shipped_ab_config_loads():
-    exp, base = load_experiment("configs/ab_cpu.yaml")
+    exp, base = load_experiment("configs/experiments/ab_cpu.yaml")
     assert list(exp.arms) == ["gate_off", "dapo", "gate_on", "selective_dapo", "paper_protocol"]
     assert base.name == "cpu_default.yaml"
 
 
-SHIPPED_EXPERIMENTS = sorted(str(p) for p in Path("configs").glob("*.yaml") if "arms:" in p.read_text())
+SHIPPED_EXPERIMENTS = sorted(str(p) for p in Path("configs/experiments").glob("*.yaml"))
+assert SHIPPED_EXPERIMENTS, "configs/experiments/ holds no experiment file"
 
 
 @pytest.mark.parametrize("path", SHIPPED_EXPERIMENTS)
@@ -595,9 +596,9 @@ def test_pipeline_arms_are_compared_per_iteration_and_by_delivery(tmp_path):
 def test_seeds_runs_a_subset_of_the_files_seeds_and_refuses_others(capsys):
     from selective_rollout.experiment import main
 
-    assert main(["--config", "configs/async_cpu.yaml", "--dry-run", "--seeds", "1,0"]) == 0
+    assert main(["--config", "configs/experiments/async_cpu.yaml", "--dry-run", "--seeds", "1,0"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 * 2  # three arms, two seeds, in the file's order
     assert lines[0].startswith("sync_split-s0:") and lines[1].startswith("sync_split-s1:")
-    assert main(["--config", "configs/async_cpu.yaml", "--dry-run", "--seeds", "7"]) == 2
+    assert main(["--config", "configs/experiments/async_cpu.yaml", "--dry-run", "--seeds", "7"]) == 2
     assert "--seeds [7]: the experiment's seeds are [0, 1, 2, 3, 4, 5]" in capsys.readouterr().err
