@@ -826,8 +826,8 @@ def plan_experiment(
             rc = cfg.rollout
             lines.append(
                 f"{cfg.name}: {cfg.driver.iterations} iteration(s) of {rc.groups_per_iteration} groups of "
-                f"G = {rc.group_size}, {rc.max_steps} steps, {cfg.env.name} {cfg.env.model_extra or {}} "
-                f"({cfg.env.n_train} train games), strategy {rc.strategy}, gate {cfg.gate.name}, "
+                f"G = {rc.group_size}, {rc.max_steps} steps, {cfg.env.name} {cfg.env.model_extra or {}}, "
+                f"strategy {rc.strategy}, gate {cfg.gate.name}, "
                 f"{cfg.eval.num_tasks} held-out tasks x {cfg.eval.tries} -> {cfg.driver.run_dir}"
             )
     return lines

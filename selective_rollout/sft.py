@@ -168,7 +168,7 @@ def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
         ws.epochs,
         ws.lr,
         ws.seed,
-        cfg.env.games_seed,
+        (cfg.env.model_extra or {}).get("games_seed"),  # a game-folder environment's set seed
         cfg.agent.model_dump_json(),
         t.lora.model_dump_json(),
         t.micro_batch_tokens,

@@ -1,10 +1,11 @@
-"""Config of the environment side (selective_rollout.envs): which environment, which games, how
+"""Config of the environment side (selective_rollout.envs): which environment, which tasks, how
 many env workers.
 
-The section holds what every environment shares (``name``, the games folder and set sizes, the
-workers) and, as flat keys, the parameters of the selected environment (``env.preset=medium``
-for ALFWorld, ``env.level=hard`` for TextWorld Cooking), declared by the environment's own
-``Params`` model (read through ``plugins.ENVS``): a new environment needs no change here.
+The section holds what every environment shares (``name``, the workers, stop strings) and, as
+flat keys, the parameters of the selected environment (``env.preset=medium`` for ALFWorld,
+``env.games_dir`` for an environment of game folders, ``env.data_files`` for skyrl-gym), declared
+by the environment's own ``Params`` model (read through ``plugins.ENVS``): a new environment
+needs no change here.
 """
 
 from __future__ import annotations
@@ -37,12 +38,8 @@ class EnvConfig(EntrySection):
         "Cooking), skyrl_gym (skyrl-gym environments on rows of data files), gymnasium (a gymnasium "
         "text environment by its id), or your own (docs/environment.md); its own keys are listed below",
     )
-    # the shared parameters, declared once by the environment seam
-    games_dir: str | None = _SHARED["games_dir"]
-    generate: bool = _SHARED["generate"]
-    games_seed: int = _SHARED["games_seed"]
-    n_train: int = _SHARED["n_train"]
-    n_valid: int = _SHARED["n_valid"]
+    # the parameters every environment has, declared once by the environment seam (the game-folder
+    # keys, games_dir and the set sizes, belong to the environments that have folders)
     num_workers: int = _SHARED["num_workers"]
     stop: list[str] = _SHARED["stop"]
 

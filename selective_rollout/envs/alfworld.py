@@ -16,13 +16,13 @@ from pydantic import Field, field_validator
 
 from selective_rollout.envs.base import (
     Environment,
-    EnvParams,
     Episode,
     Observation,
     PromptText,
     folder_task,
     game_dir,
 )
+from selective_rollout.envs.game_folders import GameFolderParams, GameFolders
 from selective_rollout.records import Task
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ _TASK_MARK = "Your task is to:"
 GAME_FILE = "game.tw-pddl"
 
 
-class AlfworldParams(EnvParams):
+class AlfworldParams(GameFolderParams):
     source: Literal["generated", "official"] = Field(
         "generated",
         description="generated: offline ALFWorld-domain games (alfworld_env); "
@@ -55,7 +55,7 @@ class AlfworldParams(EnvParams):
         return value
 
 
-class Alfworld(Environment):
+class Alfworld(GameFolders, Environment):
     """ALFWorld household tasks on the real ALFWorld engine (generated games or the official data)."""
 
     Params = AlfworldParams

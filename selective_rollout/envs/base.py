@@ -112,18 +112,6 @@ class EnvParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    games_dir: str | None = Field(
-        None,
-        description="games root; unset: the environment's own folder (data/games/<preset> for alfworld, "
-        "data/games/tw-cooking-<level> for tw-cooking), where missing games are generated; elsewhere "
-        "only with env.generate",
-    )
-    generate: bool = Field(
-        False, description="generate missing games into a games_dir other than the environment's own folder"
-    )
-    games_seed: int = Field(0, description="seed of the generated game set (kept apart from the run seed)")
-    n_train: int = Field(60, ge=1, description="generated train games")
-    n_valid: int = Field(24, ge=1, description="generated games in each of valid_seen and valid_unseen")
     num_workers: int = Field(2, ge=1, description="env worker actors; each hosts many episodes")
     stop: list[str] = Field(
         default_factory=list,
@@ -149,19 +137,9 @@ class Environment:
         self.params = params if params is not None else self.Params()
 
     # ---------------------------------------------------------------- tasks
-    def default_games_dir(self) -> str:
-        """Where this environment's games live when ``env.games_dir`` is not set (generated there
-        on first use)."""
-        raise NotImplementedError
-
-    @property
-    def games_dir(self) -> Path:
-        return Path(self.params.games_dir or self.default_games_dir())
-
     def tasks(self, split: str) -> list[Task]:
-        """Every task of ``split`` the config names, in a fixed order (generated when missing
-        into the default games folder, or anywhere with ``env.generate``); a split that is not
-        one of ``splits`` is a ``ValueError`` (``check_split``)."""
+        """Every task of ``split`` the config names, in a fixed order; a split that is not one of
+        ``splits`` is a ``ValueError`` (``check_split``)."""
         raise NotImplementedError
 
     def check_split(self, split: str) -> None:
@@ -173,14 +151,9 @@ class Environment:
                 "(eval.split names one of them)"
             )
 
-    def may_generate(self) -> bool:
-        """Missing games are made only in the default folder or on request, so that a mistyped
-        ``env.games_dir`` never trains on a fresh set."""
-        return self.params.generate or self.games_dir == Path(self.default_games_dir())
-
     def cache_key(self) -> list[Any]:
-        """What identifies the game set, for caches built from it (the warm start)."""
-        return [str(self.games_dir.resolve())]
+        """What identifies the task set, for caches built from it (the warm start)."""
+        return [self.name, self.params.model_dump(mode="json", exclude={"num_workers"})]
 
     # ---------------------------------------------------------------- episodes
     def source(self) -> EpisodeSource:

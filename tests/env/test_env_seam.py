@@ -11,8 +11,9 @@ from pydantic import Field
 
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
-from selective_rollout.envs import ENVS, Environment, EnvParams, PromptText, register_env
+from selective_rollout.envs import ENVS, Environment, PromptText, register_env
 from selective_rollout.envs.base import folder_task
+from selective_rollout.envs.game_folders import GameFolderParams, GameFolders
 from selective_rollout.records import Outcome, Task
 from selective_rollout.rollout.coordinator import GroupCoordinator
 from tests.rollout.test_coordinator_unit import GAMES, SCRIPTS, ScriptedAgent, ScriptedEngine, _State
@@ -24,7 +25,7 @@ class ToyGameError(RuntimeError):
     """The toy's own "this game cannot be played"."""
 
 
-class ToyParams(EnvParams):
+class ToyParams(GameFolderParams):
     win_reward: float = Field(1.0, gt=0.0, description="reward of a won episode")
 
 
@@ -51,8 +52,9 @@ class ToyPool:
         self.open.difference_update(episode_ids)
 
 
-class Toy(Environment):
-    """A toy environment for the seam's tests (in-process episodes, a scaled reward)."""
+class Toy(GameFolders, Environment):
+    """A toy environment for the seam's tests (in-process episodes, a scaled reward), with the
+    game-folder capability (its games root defaults to its own folder)."""
 
     Params = ToyParams
     params: ToyParams

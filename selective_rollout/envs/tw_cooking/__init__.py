@@ -11,13 +11,14 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from selective_rollout.envs import base as seam
-from selective_rollout.envs.base import Environment, EnvParams, PromptText
+from selective_rollout.envs.base import Environment, PromptText
+from selective_rollout.envs.game_folders import GameFolderParams, GameFolders
 from selective_rollout.records import Task
 
 log = logging.getLogger(__name__)
 
 
-class CookingParams(EnvParams):
+class CookingParams(GameFolderParams):
     level: str = Field(
         "medium",
         description="difficulty of generated tw-cooking games: easy (1 ingredient, 1 room), medium "
@@ -33,7 +34,7 @@ class CookingParams(EnvParams):
         return value
 
 
-class TwCooking(Environment):
+class TwCooking(GameFolders, Environment):
     """TextWorld Cooking: read the cookbook, gather, cut and cook the ingredients, prepare and eat
     the meal (real TextWorld engine, games generated offline by tw-make's generator)."""
 
