@@ -106,3 +106,16 @@ def test_syncs_are_counted_per_iteration():
     assert pipe.take_syncs() == (0, 0.0)
     pipe.updated()
     assert pipe.take_syncs() == (1, 0.5) and pipe.take_syncs() == (0, 0.0)
+
+
+def test_async_with_the_uncorrected_loss_warns_once_at_load(caplog):
+    import logging
+
+    from selective_rollout.config import load_config
+
+    with caplog.at_level(logging.WARNING, logger="selective_rollout.config"):
+        load_config(None, ["driver.pipeline=async"])
+        load_config(None, ["driver.pipeline=async", "trainer.policy_loss=decoupled_ppo"])
+        load_config(None, ["driver.pipeline=sync"])
+    warned = [r.message for r in caplog.records if "does not correct" in r.message]
+    assert len(warned) == 1 and "trainer.policy_loss=decoupled_ppo" in warned[0]

@@ -137,6 +137,12 @@ def load_config(
         cfg = RunConfig.model_validate(data or {})
     except ValidationError as exc:
         raise ConfigError(f"config error: {_format_validation_error(exc)}") from None
+    if cfg.driver.pipeline == "async" and cfg.trainer.policy_loss == "ppo_clip":
+        log.warning(
+            "config: driver.pipeline=async trains tokens sampled by older weights, and "
+            "trainer.policy_loss=ppo_clip does not correct for them; trainer.policy_loss=decoupled_ppo "
+            "weighs them by the truncated behaviour importance weight"
+        )
     if cfg.gate.name == "none":
         log.warning(
             "config: gate.name=none is deprecated; the rollout strategy decides "
