@@ -257,6 +257,7 @@ def write_report(
     regime = regime_summary(groups, regime_k)
     evals = state.get("eval", {})
     plots = plot_run(metrics, groups, run_dir)
+    by_lag, offpolicy = outcomes_by_lag(groups, metrics), offpolicy_summary(metrics)
     located = read_placement(run_dir)
     placement = nodes_by_kind(located)
     report = {
@@ -277,8 +278,8 @@ def write_report(
         "pipeline": {
             "kind": pipeline,
             "max_staleness": max_staleness,
-            "outcomes_by_lag": outcomes_by_lag(groups, metrics),
-            **(offpolicy_summary(metrics) or {}),
+            "outcomes_by_lag": by_lag,
+            **(offpolicy or {}),
         },
     }
     before, after = evals.get("before"), evals.get("after")
@@ -358,9 +359,7 @@ def write_report(
         f"({_fmt(summary['step_tokens_saved_frac_est'], True)} of what the run would have spent; "
         f"{summary['step_tokens_saved_basis']}) |",
         *throughput_rows(report["throughput"]),
-        *offpolicy_rows(
-            offpolicy_summary(metrics), pipeline, max_staleness, outcomes_by_lag(groups, metrics)
-        ),
+        *offpolicy_rows(offpolicy, pipeline, max_staleness, by_lag),
         f"| peak resident memory | {memory_row} |",
         f"| held-out success before | {success(before)} |",
         f"| held-out success after | {success(after)} |",
