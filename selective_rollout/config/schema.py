@@ -102,10 +102,12 @@ class RunConfig(Section):
     def _rescore_only_what_trains(self) -> "RunConfig":
         """A back-end that can re-score constrained replies for the model's unconstrained
         log-probs (``engine.rescore_choices``) pays a whole uncached prefill per reply for it; left
-        unset, it does so exactly when the learner trains on the engine's log-probs
-        (``trainer.old_logprobs: engine``). The dumped config says what ran."""
+        unset, it does so exactly when the learner trains on the engine's log-probs: as the old
+        policy (``trainer.old_logprobs: engine``), or as the behaviour policy of stale tokens
+        (``driver.pipeline: async`` with ``decoupled_ppo``). The dumped config says what ran."""
         if "rescore_choices" in (self.engine.model_extra or {}) and self.engine.rescore_choices is None:
-            self.engine.rescore_choices = self.trainer.old_logprobs == "engine"
+            behaviour = self.driver.pipeline == "async" and self.trainer.policy_loss == "decoupled_ppo"
+            self.engine.rescore_choices = self.trainer.old_logprobs == "engine" or behaviour
         return self
 
     @model_validator(mode="after")

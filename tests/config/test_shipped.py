@@ -126,10 +126,12 @@ def _rescores(cfg) -> bool | None:
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.name)
 def test_no_shipped_config_reprefills_whole_dialogues_for_log_probs_nothing_trains_on(path):
     """Re-scoring a constrained reply is an uncached prefill of the whole dialogue, every turn
-    (on vLLM: 4-5x fewer env steps/s); only trainer.old_logprobs: engine trains on its result."""
+    (on vLLM: 4-5x fewer env steps/s); only trainer.old_logprobs: engine and the behaviour weights
+    of an async run's decoupled_ppo train on its result."""
     cfg = load_config(path)
     if _rescores(cfg) is not None:
-        assert _rescores(cfg) == (cfg.trainer.old_logprobs == "engine")
+        behaviour = cfg.driver.pipeline == "async" and cfg.trainer.policy_loss == "decoupled_ppo"
+        assert _rescores(cfg) == (cfg.trainer.old_logprobs == "engine" or behaviour)
 
 
 def test_rescoring_follows_the_objective_unless_set():
@@ -137,6 +139,9 @@ def test_rescoring_follows_the_objective_unless_set():
     assert _rescores(load_config(recipe)) is False
     assert _rescores(load_config(recipe, ["trainer.old_logprobs=engine"])) is True
     assert _rescores(load_config(recipe, ["engine.rescore_choices=true"])) is True
+    pipelined = ["driver.pipeline=async", "trainer.policy_loss=decoupled_ppo"]
+    assert _rescores(load_config(recipe, pipelined)) is True  # the stale tokens' behaviour log-probs
+    assert _rescores(load_config(recipe, ["driver.pipeline=async"])) is False  # ppo_clip: unused
     assert (
         _rescores(load_config(recipe, ["trainer.old_logprobs=engine", "engine.rescore_choices=false"]))
         is False

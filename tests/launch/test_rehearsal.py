@@ -98,7 +98,9 @@ def check_run_folder(run_dir: Path, ids: dict[str, str], log: str) -> None:
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert cfg["engine"]["backend"] == "vllm" and cfg["engine"]["num_engines"] == 2
     assert (cfg["trainer"]["num_learners"], cfg["trainer"]["zero_stage"]) == (2, 2)
-    assert cfg["trainer"]["lora"]["enabled"] and cfg["engine"]["rescore_choices"] is False
+    assert cfg["trainer"]["lora"]["enabled"]
+    # constrained replies are re-scored only where something trains on the engine's log-probs
+    assert cfg["engine"]["rescore_choices"] is (cfg["driver"]["pipeline"] == "async")
 
     placement = json.loads((run_dir / "placement.json").read_text())
     assert {loc["node_id"] for loc in placement["engines"]} == {ids["head"]}

@@ -45,6 +45,7 @@ class VLLMParams(BackendParams):
     rescore_choices: bool | None = Field(
         None,
         description="re-score constrained replies for the model's unconstrained log-probs: one whole "
-        "prefill each (vLLM bypasses its prefix cache for it); None: on exactly when "
-        "trainer.old_logprobs is engine (the only objective that trains on them)",
+        "prefill each (vLLM bypasses its prefix cache for it); None: on exactly when something "
+        "trains on them: trainer.old_logprobs is engine, or driver.pipeline is async with "
+        "trainer.policy_loss decoupled_ppo (the behaviour log-probs of stale tokens)",
     )

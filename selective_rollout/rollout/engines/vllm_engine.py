@@ -7,9 +7,10 @@ hit the cache without sessions (``release`` is therefore a no-op; the cache evic
 Constrained choice is vLLM's structured-output ``choice``. Because the grammar mask is applied
 to the logits before vLLM computes log-probs, a constrained reply's log-probs are the masked
 distribution's; where the learner trains on the engine's log-probs (``trainer.old_logprobs:
-engine``) they are re-scored with one ``prompt_logprobs`` pass for the model's unconstrained ones.
-That pass bypasses vLLM's prefix cache and prefills the whole dialogue again, so it is off
-wherever nothing trains on it (``rescore_choices`` follows ``trainer.old_logprobs``).
+engine``, or the behaviour log-probs of stale tokens under ``driver.pipeline: async`` with
+``decoupled_ppo``) they are re-scored with one ``prompt_logprobs`` pass for the model's
+unconstrained ones. That pass bypasses vLLM's prefix cache and prefills the whole dialogue again,
+so it is off wherever nothing trains on it (``engine.rescore_choices``, set by the config).
 """
 
 from __future__ import annotations
