@@ -72,6 +72,10 @@ def _dead(engines: list[Any], timeout_s: float = 60.0) -> set[int]:
     return dead
 
 
+class EngineCapabilityError(ValueError):
+    """The engines' back-end lacks a capability the run needs; the message names it."""
+
+
 class RunActors:
     """The engines, the learner group and the coordinator of one run."""
 
@@ -110,7 +114,21 @@ class RunActors:
         self.engine_restarts = 0
         self.served_gap = 0.0  # the last sync's largest probe gap (system/served_logprob_gap)
         self.record_placement()
+        self.check_capabilities()
         self.check_run_dir_is_shared()
+
+    def check_capabilities(self) -> None:
+        """Stop with one line when the engines' back-end lacks what training relies on (weight
+        sync, the served-weights probe): asked of a running engine, once placed, since the
+        back-end's library may be missing from the driver's own environment."""
+        import ray
+
+        from selective_rollout.rollout.engines.base import TRAINING_NEEDS, missing_capabilities
+
+        have = ray.get(self.engines[0].capabilities.remote())
+        problem = missing_capabilities(have, TRAINING_NEEDS, self.cfg.engine.backend, "a training run")
+        if problem is not None:
+            raise EngineCapabilityError(problem)
 
     def replace_dead_engines(self, probe: bool = False) -> None:
         """Start a fresh engine for each one that died, load the current weights into it (the

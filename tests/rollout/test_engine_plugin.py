@@ -37,7 +37,8 @@ class CannedParams(BackendParams):
 
 
 class CannedEngine(RolloutEngine):
-    """Answers every request with the same reply (a toy: no model, no weights)."""
+    """Answers every request with the same reply (a toy: no model, no weights): the core alone,
+    no capability."""
 
     Params = CannedParams
 
@@ -57,27 +58,6 @@ class CannedEngine(RolloutEngine):
 
     async def abort(self, request_ids: list[str]) -> None:
         """Nothing runs long enough to abort."""
-
-    async def release(self, session_ids: list[str]) -> None:
-        """Nothing is cached."""
-
-    async def reset_cache(self) -> None:
-        """Nothing is cached."""
-
-    async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
-        raise NotImplementedError("the canned engine has no weights")
-
-    async def receive_weights(self, specs: list) -> None:
-        raise NotImplementedError("the canned engine has no weights")
-
-    async def load_weights(self, named_tensors: dict[str, Any]) -> None:
-        raise NotImplementedError("the canned engine has no weights")
-
-    async def score(self, token_ids: list[int]) -> list[float]:
-        raise NotImplementedError("the canned engine has no model")
-
-    async def weights_checksum(self) -> float:
-        return 0.0
 
     async def health(self) -> dict[str, Any]:
         return {"backend": TOY}
@@ -192,4 +172,27 @@ def test_the_reference_lists_each_backends_keys(toy_backend):
     assert (
         "### `engine.backend: vllm`" in doc
         and "| `engine.tensor_parallel_size` | `int` | `1` | >= 1 |" in doc
+    )
+
+
+def test_a_backend_of_the_core_alone_is_named_for_what_training_lacks(toy_backend):
+    """The core (generate, abort, health, shutdown) makes a back-end; training needs weight sync
+    and the served-weights probe, and the driver names what is missing in one line."""
+    from selective_rollout.rollout.engines.base import TRAINING_NEEDS, capabilities_of, missing_capabilities
+
+    cfg = load_config(None, [f"engine.backend={TOY}"])
+    engine = CannedEngine(cfg.engine, "/no/model")
+    have = asyncio.run(engine.capabilities())
+    assert have == [] and asyncio.run(engine.release(["s"])) is None
+    problem = missing_capabilities(have, TRAINING_NEEDS, TOY, "a training run")
+    assert problem == (
+        f"engine.backend={TOY} lacks weight sync (WeightSync), log-prob probe (LogprobProbe), which a "
+        "training run needs; its back-end has only the core (generate, abort) "
+        "(selective_rollout/rollout/engines/base.py)"
+    )
+    # the shipped back-ends have every capability (their classes read without vLLM installed)
+    for backend in ("transformers", "vllm"):
+        assert capabilities_of(engine_class(backend)) == ["weight sync", "log-prob probe", "cache control"]
+    assert (
+        missing_capabilities(capabilities_of(engine_class("transformers")), TRAINING_NEEDS, "t", "x") is None
     )

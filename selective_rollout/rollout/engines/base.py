@@ -143,8 +143,12 @@ class BusyClock:
 class RolloutEngine(ABC):
     """An async generation server for one model replica (one GPU, or a share of the CPUs).
 
-    ``Params`` declares the back-end's own parameters; an engine reads them with
-    ``cfg.params_for(self.Params)``.
+    The core every back-end implements: ``generate``, ``abort``, ``health`` and ``shutdown``.
+    Anything more is a capability, a mixin the back-end adds and the driver checks for before it
+    relies on it (``missing_capabilities``): ``WeightSync`` (a training run's weights reach the
+    engine), ``LogprobProbe`` (the served-weights check after every sync), ``CacheControl`` (a
+    benchmark's arms start cold). ``Params`` declares the back-end's own parameters; an engine
+    reads them with ``cfg.params_for(self.Params)``.
     """
 
     Params: ClassVar[type[BackendParams]] = BackendParams
@@ -167,14 +171,40 @@ class RolloutEngine(ABC):
     async def abort(self, request_ids: list[str]) -> None:
         """End these requests now; their ``generate`` returns with ``finish_reason="abort"``."""
 
-    @abstractmethod
     async def release(self, session_ids: list[str]) -> None:
-        """Drop the cached KV of trajectories that finished or were cut."""
+        """Drop the cached KV of trajectories that finished or were cut (a back-end that keeps no
+        session KV has nothing to drop)."""
+        del session_ids
 
     @abstractmethod
-    async def reset_cache(self) -> None:
-        """Forget every cached prompt (session KV, prefix cache), so that what runs next pays its
-        full prefill, as a cold server would: a benchmark's arms each start alike."""
+    async def health(self) -> dict[str, Any]:
+        """Liveness and load figures for the coordinator and system metrics."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Abort everything in flight and free the model."""
+
+    async def capabilities(self) -> list[str]:
+        """The capabilities this back-end has, by name (``CAPABILITIES``): asked of a running
+        engine actor, since the driver's own environment may lack the back-end's library."""
+        return capabilities_of(type(self))
+
+    async def location(self) -> dict[str, Any]:
+        """This engine's Ray node and process (``placement.json``)."""
+        from selective_rollout.placement import here
+
+        return here()
+
+    async def resident_gb(self) -> float:
+        """Resident memory of this engine's process (``system/rss_gb/engine_*``)."""
+        from selective_rollout.process_memory import resident_gb
+
+        return resident_gb()
+
+
+class WeightSync(ABC):
+    """Capability: the learner's weights reach the engine, by broadcast over the sync group
+    (``init_weight_sync`` then ``receive_weights``) or by value (``load_weights``)."""
 
     @abstractmethod
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
@@ -194,31 +224,50 @@ class RolloutEngine(ABC):
         """Load full weights passed by value (Ray object store): the no-process-group fallback."""
 
     @abstractmethod
+    async def weights_checksum(self) -> float:
+        """Sum over parameters of their float64 sums, so tests can see a weight update land."""
+
+
+class LogprobProbe(ABC):
+    """Capability: the served model scores a fixed probe."""
+
+    @abstractmethod
     async def score(self, token_ids: list[int]) -> list[float]:
         """The served model's log-prob of every token after the first, teacher-forced (no
         sampling, no cache): after a weight sync the driver compares it with the learner's on a
         fixed probe (``weight_sync.served``) to prove the engine serves the weights it was sent."""
 
-    @abstractmethod
-    async def weights_checksum(self) -> float:
-        """Sum over parameters of their float64 sums, so tests can see a weight update land."""
+
+class CacheControl(ABC):
+    """Capability: the engine forgets what it cached."""
 
     @abstractmethod
-    async def health(self) -> dict[str, Any]:
-        """Liveness and load figures for the coordinator and system metrics."""
+    async def reset_cache(self) -> None:
+        """Forget every cached prompt (session KV, prefix cache), so that what runs next pays its
+        full prefill, as a cold server would: a benchmark's arms each start alike."""
 
-    @abstractmethod
-    async def shutdown(self) -> None:
-        """Abort everything in flight and free the model."""
 
-    async def location(self) -> dict[str, Any]:
-        """This engine's Ray node and process (``placement.json``)."""
-        from selective_rollout.placement import here
+CAPABILITIES: dict[str, type] = {
+    "weight sync": WeightSync,
+    "log-prob probe": LogprobProbe,
+    "cache control": CacheControl,
+}
+# what a training run relies on: its updates reach the engines, and the served weights are checked
+TRAINING_NEEDS = ("weight sync", "log-prob probe")
 
-        return here()
 
-    async def resident_gb(self) -> float:
-        """Resident memory of this engine's process (``system/rss_gb/engine_*``)."""
-        from selective_rollout.process_memory import resident_gb
+def capabilities_of(cls: type) -> list[str]:
+    """The names of the capabilities ``cls`` has (in ``CAPABILITIES``' order)."""
+    return [name for name, mixin in CAPABILITIES.items() if issubclass(cls, mixin)]
 
-        return resident_gb()
+
+def missing_capabilities(have: list[str], needed: tuple[str, ...], backend: str, purpose: str) -> str | None:
+    """One line naming what back-end ``backend`` lacks of ``needed`` for ``purpose``, else None."""
+    lacking = [name for name in needed if name not in have]
+    if not lacking:
+        return None
+    mixins = ", ".join(f"{name} ({CAPABILITIES[name].__name__})" for name in lacking)
+    return (
+        f"engine.backend={backend} lacks {mixins}, which {purpose} needs; its back-end has "
+        f"{', '.join(have) or 'only the core (generate, abort)'} (selective_rollout/rollout/engines/base.py)"
+    )

@@ -31,11 +31,14 @@ from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines import grouped_attention
 from selective_rollout.rollout.engines.base import (
     BusyClock,
+    CacheControl,
     Completion,
     EngineError,
+    LogprobProbe,
     RolloutEngine,
     SamplingParams,
     TextDelta,
+    WeightSync,
 )
 from selective_rollout.rollout.engines.kv_store import SessionKVStore
 from selective_rollout.rollout.engines.params import TransformersParams
@@ -48,7 +51,7 @@ from selective_rollout.weight_sync.receiver import WeightReceiver
 log = logging.getLogger(__name__)
 
 
-class TransformersEngine(RolloutEngine):
+class TransformersEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
     """Continuous batching on ``AutoModelForCausalLM`` with session KV reuse (the CPU default);
     usable directly or as a Ray actor."""
 

