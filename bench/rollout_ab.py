@@ -157,14 +157,19 @@ def main() -> None:
         if tokens_saved > 0:
             print(f"  wall-saved / tokens-saved = {wall_saved / tokens_saved:.2f}  (target >= 0.90)")
     if "lockstep" not in skip:
-        from selective_rollout.rollout.coordinator import GroupCoordinator
-        from selective_rollout.rollout.lockstep import LockstepRollout
+        from selective_rollout.plugins import ROLLOUT_MODES
 
         print("\n[2] concurrent coordinator vs the paper's lock-step loop (gate off, same tasks)")
         common = ["rollout.strategy=none", "rollout.refill=false", f"rollout.groups_per_iteration={n}"]
         lock, conc = (
-            run_arm(cfg(*common, f"rollout.mode={source.mode}"), engines, model, tasks[:n], source.__name__)
-            for source in (LockstepRollout, GroupCoordinator)
+            run_arm(
+                cfg(*common, f"rollout.mode={mode}"),
+                engines,
+                model,
+                tasks[:n],
+                ROLLOUT_MODES.get(mode).__name__,
+            )
+            for mode in ("lockstep", "concurrent")
         )
         for key, name in (("system/env_steps_per_s", "env steps/s"), ("system/tokens_per_s", "tokens/s")):
             print(f"  {name}: x{conc['metrics'][key] / max(lock['metrics'][key], 1e-9):.2f}  (target >= 3x)")

@@ -807,6 +807,11 @@ def prepare(
         unknown = sorted(set(seeds) - set(exp.seeds))
         if unknown or not seeds:
             raise ValueError(f"--seeds {list(seeds)}: the experiment's seeds are {exp.seeds}")
+        if exp.gate_memory:
+            raise ValueError(
+                f"--seeds: {path} gives arms a gate memory of the other seeds' runs "
+                "(gate_memory), which a subset of seeds would change; run every seed"
+            )
         exp = exp.model_copy(update={"seeds": [s for s in exp.seeds if s in set(seeds)]})
     out = out or Path("runs") / f"experiment-{exp.name}{'-tiny' if tiny else ''}"
     return (tiny_experiment(exp, out / "games") if tiny else exp), base, out

@@ -172,7 +172,7 @@ class GroupRecord:
     gate: GateRecord | None = None
     wall_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
-    # learner updates behind the weights that played the group (driver.pipeline: one per group)
+    # learner updates the weights that played the group had seen (driver.pipeline; one per group)
     policy_version: int = 0
 
     @property
@@ -383,7 +383,7 @@ class Experience:
     # position -> the token ids a constrained choice allowed there (the sampled one among them);
     # positions without an entry were sampled from the model's whole vocabulary
     choice_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    policy_version: int = 0  # learner updates behind the weights that sampled it (GroupRecord's)
+    policy_version: int = 0  # learner updates the weights that sampled it had seen (GroupRecord's)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -178,17 +178,17 @@ def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
     return hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:16]
 
 
-def warm_start_games(cfg: RunConfig, games_root: str | Path) -> list[Task]:
-    """The first ``warm_start.games`` train games of ``games_root``. Generated games are taken in
-    generation order, which for ALFWorld deals the six task types round-robin; the folders' name
-    order would clone the alphabetically first types only (the first 24 of 40 held no heat and
-    no two-object task)."""
-    env = cfg.env.model_copy(update={"games_dir": str(games_root)}).build()
-    return env.tasks("train")[: cfg.warm_start.games]
+def warm_start_games(cfg: RunConfig, games_root: str | Path | None = None) -> list[Task]:
+    """The first ``warm_start.games`` train tasks of the run's environment (of ``games_root``, when
+    given, for an environment of game folders). Generated games are taken in generation order,
+    which for ALFWorld deals the six task types round-robin; the folders' name order would clone
+    the alphabetically first types only (the first 24 of 40 held no heat and no two-object task)."""
+    section = cfg.env if games_root is None else cfg.env.model_copy(update={"games_dir": str(games_root)})
+    return section.build().tasks("train")[: cfg.warm_start.games]
 
 
 def build_warm_start(
-    cfg: RunConfig, model_path: Path, games_root: str | Path, out_dir: Path
+    cfg: RunConfig, model_path: Path, games_root: str | Path | None, out_dir: Path
 ) -> dict[str, float]:
     """Clone the walkthroughs of ``warm_start_games`` into ``out_dir`` (written atomically)."""
     from selective_rollout.rollout.agent import Agent
@@ -221,7 +221,7 @@ def warm_start_model(cfg: RunConfig, model_path: Path) -> Path:
     )
     # in a process of its own: the fine-tuning's gigabytes (weights, Adam state, activations of every
     # length) would otherwise stay resident in the driver for the whole run
-    in_fresh_process(build_warm_start, cfg, model_path, cfg.env.build().games_dir, out)
+    in_fresh_process(build_warm_start, cfg, model_path, None, out)
     return out
 
 
@@ -231,7 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--games", required=True, type=Path, help="games root with a train/ split")
+    parser.add_argument(
+        "--games",
+        type=Path,
+        default=None,
+        help="games root with a train/ split (an environment of game folders)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="output HF model folder")
     parser.add_argument("--config", default="configs/cpu_default.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.epochs=3")

@@ -119,3 +119,22 @@ def test_async_with_the_uncorrected_loss_warns_once_at_load(caplog):
         load_config(None, ["driver.pipeline=sync"])
     warned = [r.message for r in caplog.records if "does not correct" in r.message]
     assert len(warned) == 1 and "trainer.policy_loss=decoupled_ppo" in warned[0]
+
+
+def test_a_replaced_engine_forces_a_sync_before_the_next_rollout():
+    """A replacement loads the learner's latest weights: the engines no longer serve one version,
+    so the next rollout starts after a sync even where the bound would allow one more lag."""
+    fake = FakeRun()
+    pipe = RolloutPipeline("async", 3, fake.start, fake.wait, fake.sync, version=0, cursor=0)
+    pipe.take(0)
+    pipe.prefetch(1)
+    pipe.updated()
+    assert "sync" not in fake.events  # within the bound: no sync due
+    pipe.take(1)
+    pipe.engines_replaced()
+    pipe.prefetch(2)
+    assert fake.events[-2:] == ["sync", "start 2 v1 @6"]
+    pipe.updated()
+    pipe.take(2)
+    pipe.prefetch(3)
+    assert fake.events[-1] == "start 3 v1 @9"  # one sync cleared it: the bound rules again

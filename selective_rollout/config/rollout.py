@@ -73,6 +73,8 @@ class RolloutConfig(EntrySection):
     def _registered_mode(cls, value: str) -> str:
         if value not in ROLLOUT_MODES:
             raise ValueError(ROLLOUT_MODES.unknown(value))
+        if ":" in value:  # a schedule named by its path: imported now, so a typo is a config error
+            ROLLOUT_MODES.get(value)
         return value
 
     @property

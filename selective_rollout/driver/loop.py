@@ -171,6 +171,7 @@ class Driver:
             version=int(self.state.get("policy_version", 0)),
             cursor=int(self.state["cursor"]),
         )
+        self._taken: dict[str, dict[str, Any]] | None = None  # async: the engines' health at the last batch
 
     def _start_rollout(self, it: int, cursor: int, version: int) -> Any:
         from selective_rollout.runtime import task_stream
@@ -200,9 +201,13 @@ class Driver:
         cfg = self.cfg
         start = time.perf_counter()
         healths = self.actors.engine_healths()
+        restarts = self.actors.engine_restarts
         collected = self.pipeline.take(it)
         batch = collected.batch
+        taken = self.actors.engine_healths()
         self.actors.replace_dead_engines(probe=True)  # before the weight sync: a dead member would stall it
+        if self.actors.engine_restarts != restarts:
+            self.pipeline.engines_replaced()
         if it + 1 < cfg.driver.iterations:
             self.pipeline.prefetch(it + 1)  # async: the engines play on while the learner trains
         metrics = dict(batch.metrics)
@@ -223,8 +228,13 @@ class Driver:
         metrics["system/engine_restarts"] = float(self.actors.engine_restarts)
         metrics["system/iteration_s"] = time.perf_counter() - start
         after = self.actors.engine_healths()
+        # the engines' cache counters over the batch's rollout: sync, from the iteration's start to
+        # its batch; async, from the previous batch to this one (the rollout started right after
+        # it; a sync's probe and an evaluation in between count too)
+        before_rollout = healths if self._taken is None else self._taken
         env_steps = metrics.get("rollout/env_steps", 0.0)
-        metrics.update(cache_metrics(engine_counters(healths), engine_counters(after), env_steps))
+        metrics.update(cache_metrics(engine_counters(before_rollout), engine_counters(taken), env_steps))
+        self._taken = taken if cfg.driver.pipeline == "async" else None
         busy = engine_busy_delta(engine_busy(healths), engine_busy(after))
         learner_busy = metrics.get("train/step_s", 0.0)
         metrics.update(idle_metrics(busy, len(self.engines), learner_busy, metrics["system/iteration_s"]))

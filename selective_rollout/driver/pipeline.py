@@ -75,6 +75,7 @@ class RolloutPipeline:
         self._in_flight: _InFlight | None = None
         self._ready: Collected | None = None
         self.syncs, self.sync_s = 0, 0.0  # since ``take_syncs``
+        self._mixed = False  # a replaced engine serves newer weights than the others
 
     def take(self, iteration: int) -> Collected:
         """This iteration's batch: the one prefetched for it, or rolled out now."""
@@ -106,6 +107,13 @@ class RolloutPipeline:
         if self.engine_version < self.learner_version:
             self._sync_engines()
 
+    def engines_replaced(self) -> None:
+        """A dead engine was replaced and loaded the learner's latest weights, so the engines no
+        longer serve one version: the next rollout starts after a sync, whatever the bound says
+        (groups already retried on the replacement carry their rollout's version, though played
+        with newer weights; their importance weights use that engine's own log-probs)."""
+        self._mixed = True
+
     def take_syncs(self) -> tuple[int, float]:
         """Syncs done and seconds they took since the last call (an iteration's)."""
         taken = (self.syncs, self.sync_s)
@@ -115,7 +123,7 @@ class RolloutPipeline:
     def _launch(self, iteration: int, ahead: int) -> None:
         """Start a rollout; its batch is trained after ``ahead`` more updates at most."""
         bound = self.max_staleness if self.kind == "async" else 0
-        if self.learner_version + ahead - self.engine_version > bound:
+        if self.learner_version + ahead - self.engine_version > bound or self._mixed:
             self._sync_engines()
         handle = self._start(iteration, self.cursor, self.engine_version)
         self._in_flight = _InFlight(iteration, handle, self.engine_version)
@@ -132,3 +140,4 @@ class RolloutPipeline:
         self.sync_s += self._sync()
         self.syncs += 1
         self.engine_version = self.learner_version
+        self._mixed = False

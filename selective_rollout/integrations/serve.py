@@ -85,7 +85,8 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
 
 
 def _stop(body: dict[str, Any]) -> list[str] | None:
-    """OpenAI's ``stop``: one string or a list of them; the reply ends before the first it meets."""
+    """OpenAI's ``stop``: one string or a list of them. The reply ends with the first it completes,
+    which it keeps (as the training engines keep it; an OpenAI server drops it)."""
     stop = body.get("stop")
     if stop is None:
         return None

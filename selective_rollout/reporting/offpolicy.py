@@ -35,7 +35,8 @@ def offpolicy_summary(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
     tokens = sum(stale)
     summary: dict[str, Any] = {
         "groups_by_lag": dict(sorted(lags.items())),
-        "syncs": int(sum(m.get("pipeline/syncs", 0.0) for m in rows)),
+        # every line's syncs: an async run's last one is logged on the final evaluation's line
+        "syncs": int(sum(m.get("pipeline/syncs", 0.0) for m in metrics if m.get("iteration", -1) >= 0)),
         "rollout_wait_s": sum(m["pipeline/rollout_wait_s"] for m in rows),
         "stale_tokens": tokens,
         "policy_tokens": sum(m.get("train/policy_tokens", 0.0) for m in rows),
@@ -51,6 +52,7 @@ def offpolicy_summary(metrics: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
                 )
                 / tokens,
                 "ess_min": min(m["offpolicy/ess"] for m in weighted),
+                "is_applied": all(m.get("offpolicy/is_applied", 1.0) for m in weighted),
             }
         )
     return summary
@@ -95,8 +97,9 @@ def offpolicy_rows(
     bound = f"staleness bound {max_staleness}" if pipeline == "async" else "staleness 0 by construction"
     lags = ", ".join(f"lag {lag}: {n}" for lag, n in summary["groups_by_lag"].items()) or "no group trained"
     rows = [
-        f"| pipeline | {pipeline} ({bound}); groups trained by version lag: {lags}; weight syncs: "
-        f"{summary['syncs']}; the learner waited {summary['rollout_wait_s']:.0f} s for rollouts |"
+        f"| pipeline | {pipeline} ({bound}); groups of the trained batches by version lag: {lags}; "
+        f"weight syncs: {summary['syncs']}; "
+        f"the learner waited {summary['rollout_wait_s']:.0f} s for rollouts |"
     ]
     if by_lag:
         counts = "; ".join(
@@ -109,9 +112,10 @@ def offpolicy_rows(
             "| importance weights | none: every trained token was sampled by the learner's weights |",
         ]
     share = summary["stale_tokens"] / max(summary["policy_tokens"], 1.0)
+    applied = "" if summary["is_applied"] else " (measured, not applied: the policy loss ignores them)"
     return [
         *rows,
         f"| importance weights | {share:.0%} of trained tokens stale; weight mean {summary['is_mean']:.3f}, "
         f"max {summary['is_max']:.2f}, {summary['is_truncated_frac']:.2%} truncated; smallest effective "
-        f"sample size {summary['ess_min']:.0%} |",
+        f"sample size {summary['ess_min']:.0%}{applied} |",
     ]

@@ -98,7 +98,7 @@ class GroupRun:
         self.life = GroupLifecycle()
         self.engine_index = 0
         self.sample_key = group_id  # what seeds its trajectories' sampling (the coordinator's key)
-        self.policy_version = 0  # learner updates behind the weights that play it
+        self.policy_version = 0  # learner updates the weights that play it have seen
         self.started = time.perf_counter()
         self._gate_moved: asyncio.Event | None = None  # set at the next step of any trajectory
 

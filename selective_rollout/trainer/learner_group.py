@@ -88,12 +88,14 @@ def staleness_metrics(batch: Sequence[Experience], staleness: Sequence[int]) -> 
     return metrics
 
 
-def weight_metrics(total: dict[str, float]) -> dict[str, float]:
+def weight_metrics(total: dict[str, float], applied: bool) -> dict[str, float]:
     """The behaviour importance weights of the stale tokens the learner trained on (none: only
     the share, 0): mean and max, the share the loss truncated, and the effective sample size
-    ``(sum w)^2 / (n sum w^2)`` as a share of the ``n`` stale tokens."""
+    ``(sum w)^2 / (n sum w^2)`` as a share of the ``n`` stale tokens; ``offpolicy/is_applied`` says
+    whether the policy loss weighed the tokens by them (``decoupled_ppo``) or they were only
+    measured (``ppo_clip``)."""
     stale, policy = total["stale_tokens"], max(total["policy_tokens"], 1.0)
-    metrics = {"offpolicy/stale_token_frac": stale / policy}
+    metrics = {"offpolicy/stale_token_frac": stale / policy, "offpolicy/is_applied": float(applied)}
     if stale:
         metrics.update(
             {
@@ -241,7 +243,9 @@ class LearnerGroup:
             "train/micro_batches": float(n_micro),
             "train/step_s": elapsed,
             "train/tokens_per_s": total["tokens"] / elapsed,
-            **weight_metrics(total),
+            **weight_metrics(
+                total, math.isfinite(POLICY_LOSSES.build(self.cfg.policy_loss, self.cfg).weight_cap())
+            ),
         }
 
     def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:

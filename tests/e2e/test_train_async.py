@@ -74,7 +74,9 @@ def test_async_pipeline_plays_ahead_within_the_staleness_bound(ray_cluster, tmp_
     # the evaluation after iteration 1 and the final one scored the learner's latest weights
     assert served == pytest.approx(learner, rel=1e-9)
     text = report.read_text()
-    assert "| pipeline | async (staleness bound 1); groups trained by version lag: lag 0:" in text
+    assert (
+        "| pipeline | async (staleness bound 1); groups of the trained batches by version lag: lag 0:" in text
+    )
     assert "| importance weights |" in text
     summary = json.loads((run_dir / "report.json").read_text())
     assert summary["pipeline"]["kind"] == "async" and {"before", "iteration 2", "after"} <= set(

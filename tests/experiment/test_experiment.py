@@ -602,3 +602,6 @@ def test_seeds_runs_a_subset_of_the_files_seeds_and_refuses_others(capsys):
     assert lines[0].startswith("sync_split-s0:") and lines[1].startswith("sync_split-s1:")
     assert main(["--config", "configs/experiments/async_cpu.yaml", "--dry-run", "--seeds", "7"]) == 2
     assert "--seeds [7]: the experiment's seeds are [0, 1, 2, 3, 4, 5]" in capsys.readouterr().err
+    # an arm whose gate remembers the other seeds' runs would be another run on fewer seeds
+    assert main(["--config", "configs/experiments/ab_gates_cpu.yaml", "--dry-run", "--seeds", "0"]) == 2
+    assert "gate_memory" in capsys.readouterr().err

@@ -39,8 +39,8 @@ def test_async_iterations_sum_lags_and_weigh_the_importance_weights_by_stale_tok
     assert summary["is_truncated_frac"] == pytest.approx(10 / 150)
     pipeline, weights = offpolicy_rows(summary, "async", 1)
     assert (
-        "async (staleness bound 1); groups trained by version lag: lag 0: 4, lag 1: 8; weight syncs: 3"
-        in pipeline
+        "async (staleness bound 1); groups of the trained batches by version lag: lag 0: 4, lag 1: 8; "
+        "weight syncs: 3" in pipeline
     )
     assert "50% of trained tokens stale; weight mean 1.100, max 3.00, 6.67% truncated" in weights
     assert "smallest effective sample size 80%" in weights
@@ -61,7 +61,8 @@ def test_a_sync_run_says_no_token_was_stale_and_an_old_log_says_not_recorded(tmp
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(tmp_path, {"iteration": 2}, regime_k=4, pipeline="sync").read_text()
     assert (
-        "| pipeline | sync (staleness 0 by construction); groups trained by version lag: lag 0: 8" in report
+        "| pipeline | sync (staleness 0 by construction); groups of the trained batches by version lag: "
+        "lag 0: 8" in report
     )
 
 
@@ -94,3 +95,14 @@ def test_the_gates_outcomes_are_counted_by_the_version_lag_they_were_trained_at(
     assert (
         "| groups by version lag | lag 0: 2 started, 1 cut, 0 audited, 1 trained; lag 1: 2 started" in rows[1]
     )
+
+
+def test_weights_only_measured_say_so_and_the_final_sync_counts():
+    rows = [
+        iteration(0, 0, 0.0),
+        iteration(1, 1, 1.0, is_mean=1.0, is_max=1.2, is_truncated_frac=0.0, ess=0.99, is_applied=0.0),
+        {"iteration": 2, "pipeline/syncs": 1.0, "eval/success_rate": 0.5},  # the final evaluation's line
+    ]
+    summary = offpolicy_summary(rows)
+    assert summary["syncs"] == 3 and summary["is_applied"] is False
+    assert "(measured, not applied: the policy loss ignores them)" in offpolicy_rows(summary, "async", 1)[1]

@@ -187,7 +187,7 @@ def test_a_backend_of_the_core_alone_is_named_for_what_training_lacks(toy_backen
     problem = missing_capabilities(have, TRAINING_NEEDS, TOY, "a training run")
     assert problem == (
         f"engine.backend={TOY} lacks weight sync (WeightSync), log-prob probe (LogprobProbe), which a "
-        "training run needs; its back-end has only the core (generate, abort) "
+        "training run needs; its back-end has only the core (generate, abort, health, shutdown) "
         "(selective_rollout/rollout/engines/base.py)"
     )
     # the shipped back-ends have every capability (their classes read without vLLM installed)

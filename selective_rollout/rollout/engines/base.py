@@ -269,5 +269,6 @@ def missing_capabilities(have: list[str], needed: tuple[str, ...], backend: str,
     mixins = ", ".join(f"{name} ({CAPABILITIES[name].__name__})" for name in lacking)
     return (
         f"engine.backend={backend} lacks {mixins}, which {purpose} needs; its back-end has "
-        f"{', '.join(have) or 'only the core (generate, abort)'} (selective_rollout/rollout/engines/base.py)"
+        f"{', '.join(have) or 'only the core (generate, abort, health, shutdown)'} "
+        "(selective_rollout/rollout/engines/base.py)"
     )
