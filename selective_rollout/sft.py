@@ -19,7 +19,6 @@ token-budget micro-batches.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.envs.base import TaskError
 from selective_rollout.process_memory import in_fresh_process
 from selective_rollout.records import Experience, Task
+from selective_rollout.warm_start_cache import is_built, warm_start_dir
 
 if TYPE_CHECKING:
     from selective_rollout.envs import Environment
@@ -159,25 +159,6 @@ def train_sft(
     return {"sft/final_nll": losses[-1], "sft/first_nll": losses[0], "sft/sequences": float(len(data))}
 
 
-def warm_start_key(cfg: RunConfig, model_path: Path) -> str:
-    ws, t = cfg.warm_start, cfg.trainer
-    fields = [
-        str(model_path),
-        *cfg.env.build().cache_key(),  # alfworld: games folder, preset (the key as it always was)
-        ws.games,
-        ws.epochs,
-        ws.lr,
-        ws.seed,
-        (cfg.env.model_extra or {}).get("games_seed"),  # a game-folder environment's set seed
-        cfg.agent.model_dump_json(),
-        t.lora.model_dump_json(),
-        t.micro_batch_tokens,
-        cfg.rollout.max_steps,
-        "games in generation order",  # the selection rule (earlier: folder name order)
-    ]
-    return hashlib.sha256(json.dumps(fields, default=str).encode()).hexdigest()[:16]
-
-
 def warm_start_games(cfg: RunConfig, games_root: str | Path | None = None) -> list[Task]:
     """The first ``warm_start.games`` train tasks of the run's environment (of ``games_root``, when
     given, for an environment of game folders). Generated games are taken in generation order,
@@ -209,8 +190,8 @@ def build_warm_start(
 
 def warm_start_model(cfg: RunConfig, model_path: Path) -> Path:
     """The cached warm-started policy for this config, built on first use."""
-    out = Path(cfg.warm_start.cache_dir).expanduser() / warm_start_key(cfg, model_path)
-    if (out / "config.json").is_file():
+    out = warm_start_dir(cfg, model_path)
+    if is_built(out):
         log.info("warm start: using cached %s", out)
         return out
     from selective_rollout.runtime import train_tasks

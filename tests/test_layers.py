@@ -38,13 +38,14 @@ FLOORS = {
     "reporting.metrics_log": 1,
     "rollout": 2,
     "integrations": 2,
+    "warm_start_cache": 2,  # where a warm start is cached: what the learner's export needs of it
     "trainer": 3,
     "policy_eval": 3,
-    "sft": 3,
     "reporting.report": 3,
-    "driver": 4,
-    "train": 4,  # the driver's command line
-    "experiment": 5,
+    "sft": 4,  # builds the warm start with the learner's modelling
+    "driver": 5,
+    "train": 5,  # the driver's command line
+    "experiment": 6,
 }
 
 

@@ -93,13 +93,23 @@ def export_policy(checkpoint: Path, cfg: TrainerConfig, start_model: Path, out: 
     return out
 
 
-def run_start_model(cfg: RunConfig) -> Path:
-    """The model a run started from, as the trainer resolves it (the warm start when enabled)."""
+def run_start_model(cfg: RunConfig, config_path: Path) -> Path:
+    """The model a run started from, as the trainer resolved it: its warm start when enabled,
+    which must be cached here (built by the run, or again by ``selective_rollout.sft``)."""
     from selective_rollout.models import resolve_model
-    from selective_rollout.sft import warm_start_model
+    from selective_rollout.warm_start_cache import is_built, warm_start_dir
 
     path = resolve_model(cfg.engine.model, cfg.engine.model_cache_dir)
-    return warm_start_model(cfg, path) if cfg.warm_start.enabled else path
+    if not cfg.warm_start.enabled:
+        return path
+    folder = warm_start_dir(cfg, path)
+    if not is_built(folder):
+        raise FileNotFoundError(
+            f"the run started from a warm start that is not cached on this machine ({folder}): build "
+            f"it again with `python -m selective_rollout.sft --config {config_path} --out {folder}`, "
+            "then export"
+        )
+    return folder
 
 
 def export_run(path: str | Path, out: str | Path) -> Path:
@@ -109,7 +119,7 @@ def export_run(path: str | Path, out: str | Path) -> Path:
     if not config.is_file():
         raise FileNotFoundError(f"{checkpoint} is not inside a run folder: no config.yaml in {run_dir}")
     cfg = load_config(config)
-    exported = export_policy(checkpoint, cfg.trainer, run_start_model(cfg), Path(out))
+    exported = export_policy(checkpoint, cfg.trainer, run_start_model(cfg, config), Path(out))
     log.info("exported %s to %s", checkpoint, exported)
     return exported
 

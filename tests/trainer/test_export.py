@@ -137,3 +137,24 @@ def test_policy_eval_evaluates_a_run_folder_as_its_exported_policy_with_its_conf
     cfg, exported, _ = seen[-1]
     assert exported == start_model and cfg.eval.num_tasks == 2 and cfg.name == load_config(SHIPPED).name
     assert policy_eval.main(["--checkpoint", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_run_that_started_from_a_warm_start_exports_it_or_says_how_to_build_it(
+    start_model: Path, tmp_path: Path
+):
+    """The export finds the warm start a run started from by its key (warm_start_cache), without
+    building it: cached, it is the base of the export; missing, one line says how to build it."""
+    from selective_rollout.warm_start_cache import warm_start_dir
+
+    trained = AutoModelForCausalLM.from_pretrained(start_model, dtype=torch.float32).state_dict()
+    cache = tmp_path / "warm"
+    run = _run(tmp_path, start_model, trained, "warm_start.enabled=true", f"warm_start.cache_dir={cache}")
+    cfg = load_config(run / "config.yaml")
+    folder = warm_start_dir(cfg, start_model)
+    with pytest.raises(
+        FileNotFoundError, match=r"not cached on this machine .* python -m selective_rollout\.sft"
+    ):
+        export_run(run, tmp_path / "policy")
+    shutil.copytree(start_model, folder)  # what the run's warm start left in the cache
+    out = export_run(run, tmp_path / "policy")
+    assert (out / "config.json").is_file()
