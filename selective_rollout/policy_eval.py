@@ -215,7 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--config", default=None, help="default: a run's own config.yaml, else configs/cpu_default.yaml"
     )
-    parser.add_argument("--split", default=None, choices=["train", "valid_seen", "valid_unseen"])
+    parser.add_argument(
+        "--split",
+        default=None,
+        help="one of the environment's own splits (eval.split; alfworld: valid_unseen...)",
+    )
     parser.add_argument("--num-tasks", type=int, default=None)
     parser.add_argument("--tries", type=int, default=None)
     parser.add_argument(

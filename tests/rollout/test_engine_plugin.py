@@ -196,3 +196,44 @@ def test_a_backend_of_the_core_alone_is_named_for_what_training_lacks(toy_backen
     assert (
         missing_capabilities(capabilities_of(engine_class("transformers")), TRAINING_NEEDS, "t", "x") is None
     )
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_core_only_backend_evaluates_over_ray_and_says_what_training_lacks(
+    ray_cluster, tiny_games, smollm2_path
+):
+    """Named by its path (every process finds it), the canned back-end serves a held-out evaluation
+    end to end (engines, coordinator, env workers; its replies are legal commands that never win),
+    and a running engine of it reports no capability, which the driver's check turns into one line."""
+    import ray
+
+    from selective_rollout.policy_eval import run_evaluation
+    from selective_rollout.rollout.engines import create_engines
+    from selective_rollout.rollout.engines.base import TRAINING_NEEDS, missing_capabilities
+
+    backend = f"{__name__}:CannedEngine"
+    cfg = load_config(
+        None,
+        [
+            f"engine.backend={backend}",
+            "engine.num_cpus=0.5",
+            f"env.games_dir={tiny_games}",
+            "env.n_train=6",
+            "env.n_valid=2",
+            "env.num_workers=1",
+            "eval.num_tasks=2",
+            "rollout.max_steps=2",
+        ],
+    )
+    summary = run_evaluation(cfg, smollm2_path)
+    assert summary["tasks"] == 2 and summary["success_rate"] == 0.0 and not summary["failed_tasks"]
+    (engine,) = create_engines(cfg.engine, smollm2_path, 1)
+    try:
+        have = ray.get(engine.capabilities.remote(), timeout=120)
+    finally:
+        ray.get(engine.shutdown.remote(), timeout=60)
+    assert have == []
+    assert "lacks weight sync (WeightSync), log-prob probe (LogprobProbe)" in missing_capabilities(
+        have, TRAINING_NEEDS, backend, "a training run"
+    )
