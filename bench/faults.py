@@ -57,9 +57,9 @@ import psutil
 from _tiny import parse_args
 
 from selective_rollout.experiment import TINY_RUN
+from selective_rollout.learner import latest_checkpoint
 from selective_rollout.records import Outcome, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
-from selective_rollout.trainer import latest_checkpoint
 
 # The tiny run with two env workers and two groups in flight (least loaded first: one group on
 # each worker, so either worker killed mid-rollout holds a live episode), ungated, sampled hot,

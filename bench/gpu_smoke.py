@@ -140,7 +140,7 @@ def engine_kernels(model_dir: Path, device: str) -> str:
 def chunked_logprobs(model_dir: Path, device: str) -> str:
     from transformers import AutoModelForCausalLM
 
-    from selective_rollout.trainer.modeling import token_logprobs
+    from selective_rollout.learner.modeling import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
     ids, mask = batch(model.config.vocab_size, device)
@@ -167,11 +167,11 @@ def experiences(vocab: int) -> list:
 @step("GRPO micro-batch step (bf16 weights moved)", needs=("peft", "pydantic", "omegaconf"))
 def grpo_step(model_dir: Path, device: str) -> str:
     from selective_rollout.config.trainer import TrainerConfig
-    from selective_rollout.trainer.advantages import compute_advantages
-    from selective_rollout.trainer.losses import batch_denominator
-    from selective_rollout.trainer.modeling import checksum, load_policy
-    from selective_rollout.trainer.objective import micro_batch_loss
-    from selective_rollout.trainer.packing import collate
+    from selective_rollout.learner.advantages import compute_advantages
+    from selective_rollout.learner.losses import batch_denominator
+    from selective_rollout.learner.modeling import checksum, load_policy
+    from selective_rollout.learner.objective import micro_batch_loss
+    from selective_rollout.learner.packing import collate
 
     cfg = TrainerConfig(precision="bf16", lr=1e-3)
     model = load_policy(model_dir, cfg).to(device)
@@ -217,7 +217,7 @@ def deepspeed_learner(model_dir: Path, device: str) -> str:
     import ray
 
     from selective_rollout.config.trainer import TrainerConfig
-    from selective_rollout.trainer import LearnerGroup
+    from selective_rollout.learner import LearnerGroup
 
     ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
     gpus = {"num_gpus": 1} if device.startswith("cuda") else {}

@@ -34,16 +34,16 @@ from selective_rollout.config import load_config
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
+from selective_rollout.learner import LearnerGroup
+from selective_rollout.learner.advantages import compute_advantages
+from selective_rollout.learner.losses import batch_denominator
+from selective_rollout.learner.modeling import token_logprobs
+from selective_rollout.learner.objective import micro_batch_loss
+from selective_rollout.learner.packing import collate, per_step_segments
 from selective_rollout.models import resolve_model
 from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
 from selective_rollout.rollout.engines.transformers_engine import TransformersEngine
-from selective_rollout.trainer import LearnerGroup
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.losses import batch_denominator
-from selective_rollout.trainer.modeling import token_logprobs
-from selective_rollout.trainer.objective import micro_batch_loss
-from selective_rollout.trainer.packing import collate, per_step_segments
 
 PROFILE = Path(__file__).resolve().parents[1] / "configs" / "cpu_default.yaml"
 

@@ -15,7 +15,7 @@ _GATE = "selective_rollout.gate"
 _TRAJECTORY_STOP = "selective_rollout.trajectory_stop"
 _STRATEGIES = "selective_rollout.rollout.strategies"
 _ENGINES = "selective_rollout.rollout.engines"
-_LOSSES = "selective_rollout.trainer.losses"
+_LOSSES = "selective_rollout.learner.losses"
 
 GATES: Registry = Registry(
     "gate",

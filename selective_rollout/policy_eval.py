@@ -4,7 +4,7 @@ paired change between two evaluations with an exact test.
 The driver calls :func:`success_summary` on the groups the coordinator's evaluator returns
 (no gate, no filter, greedy or sampled, one or k tries per task). As a CLI it evaluates any
 HF model folder (an SFT warm start, an exported policy, a hub model on machines that have it), or
-a training run's policy (its latest checkpoint, exported on the way: ``trainer/export.py``):
+a training run's policy (its latest checkpoint, exported on the way: ``learner/export.py``):
 
     python -m selective_rollout.policy_eval --checkpoint DIR --split valid_unseen [--tries 3 --sampled]
     python -m selective_rollout.policy_eval --checkpoint runs/train-cpu --num-tasks 24 --tries 4 --sampled
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sampled:
         extra.append("eval.greedy=false")
     try:
-        from selective_rollout.trainer.export import export_run, run_folder_of
+        from selective_rollout.learner.export import export_run, run_folder_of
 
         run = run_folder_of(args.checkpoint)
         config = args.config or (run / "config.yaml" if run else "configs/cpu_default.yaml")

@@ -109,8 +109,8 @@ def train_sft(
     takes about a minute on 2 cores, and a run must not look stuck meanwhile."""
     from tqdm import tqdm
 
-    from selective_rollout.trainer.modeling import hf_model, load_policy, merged_weights, token_logprobs
-    from selective_rollout.trainer.packing import collate, plan_micro_batches
+    from selective_rollout.learner.modeling import hf_model, load_policy, merged_weights, token_logprobs
+    from selective_rollout.learner.packing import collate, plan_micro_batches
 
     ws = cfg.warm_start
     torch.manual_seed(ws.seed)

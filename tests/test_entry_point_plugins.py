@@ -21,7 +21,7 @@ PLUGIN = textwrap.dedent(
 
     from selective_rollout.gate.base import Gate, GateDecision, GateParams, GroupView
     from selective_rollout.rollout.strategies import Strategy
-    from selective_rollout.trainer.losses.policy import PolicyLoss
+    from selective_rollout.learner.losses.policy import PolicyLoss
 
 
     class EveryOtherParams(GateParams):

@@ -39,7 +39,8 @@ FLOORS = {
     "rollout": 2,
     "integrations": 2,
     "warm_start_cache": 2,  # where a warm start is cached: what the learner's export needs of it
-    "trainer": 3,
+    "learner": 3,
+    "trainer": 3,  # the learner's deprecated name (an alias of it, for one release)
     "policy_eval": 3,
     "reporting.report": 3,
     "sft": 4,  # builds the warm start with the learner's modelling

@@ -168,7 +168,7 @@ def test_learners_ray_cannot_place_stop_the_run_before_their_rendezvous(ray_clus
     """The learner group waits for its actors' first answer through the driver's ``wait_started``
     (before it, ``LearnerGroup`` waited on the rendezvous as long as Ray keeps them pending)."""
     from selective_rollout.config.trainer import TrainerConfig
-    from selective_rollout.trainer import LearnerGroup
+    from selective_rollout.learner import LearnerGroup
 
     demand = {NOBODY_HAS: 2.0}
     with pytest.raises(ActorsPending, match=rf"^learners 0, 1 still pending after 2 s: .*{NOBODY_HAS}"):

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from selective_rollout.driver import rewind_logs
+from selective_rollout.learner.checkpoint import EXTRA_STATE, checkpoint_name
 from selective_rollout.records import GroupRecord, GroupWriter, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
-from selective_rollout.trainer.checkpoint import EXTRA_STATE, checkpoint_name
 
 
 def _checkpoint(ckpt_dir, iteration, evaluated):
@@ -82,7 +82,7 @@ def test_the_final_evaluation_updates_the_last_checkpoint_without_saving_the_mod
     from types import SimpleNamespace
 
     from selective_rollout.driver import Driver
-    from selective_rollout.trainer.checkpoint import latest_checkpoint, read_extra_state
+    from selective_rollout.learner.checkpoint import latest_checkpoint, read_extra_state
 
     ckpt = tmp_path / "checkpoints"
     _checkpoint(ckpt, 2, ["before"])
@@ -106,7 +106,7 @@ def test_the_final_evaluation_updates_the_last_checkpoint_without_saving_the_mod
 
 
 def test_updating_the_state_of_an_incomplete_checkpoint_is_refused(tmp_path):
-    from selective_rollout.trainer.checkpoint import update_extra_state
+    from selective_rollout.learner.checkpoint import update_extra_state
 
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         update_extra_state(tmp_path, {"iteration": 1})

@@ -12,7 +12,7 @@ from selective_rollout.driver.update_check import (
     served_shift,
     verdict,
 )
-from selective_rollout.trainer.advantages import compute_advantages
+from selective_rollout.learner.advantages import compute_advantages
 
 PROMPT, REPLIES = [5, 6, 7], [[8, 9], [10, 11, 12]]
 

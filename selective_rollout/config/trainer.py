@@ -1,4 +1,4 @@
-"""Config of the learner (selective_rollout.trainer): GRPO objective, DeepSpeed, LoRA, sync, checkpoints."""
+"""Config of the learner (selective_rollout.learner): GRPO objective, DeepSpeed, LoRA, sync, checkpoints."""
 
 from functools import cache
 from typing import Any, Literal
@@ -75,13 +75,13 @@ class TrainerConfig(Section):
 
     # policy objective: each name is an entry of its registry in selective_rollout.plugins
     advantage: str = Field(
-        "grpo", description="group-relative advantage estimator: grpo, drgrpo (trainer/losses/advantage.py)"
+        "grpo", description="group-relative advantage estimator: grpo, drgrpo (learner/losses/advantage.py)"
     )
-    policy_loss: str = Field("ppo_clip", description="per-token policy loss (trainer/losses/policy.py)")
+    policy_loss: str = Field("ppo_clip", description="per-token policy loss (learner/losses/policy.py)")
     loss_agg: str = Field(
         "token-mean",
         description="how per-token losses add up to the batch loss: token-mean, seq-mean-token-mean, "
-        "seq-mean-token-sum (trainer/losses/aggregation.py)",
+        "seq-mean-token-sum (learner/losses/aggregation.py)",
     )
     old_logprobs: Literal["learner", "engine"] = Field(
         "learner",
@@ -98,7 +98,7 @@ class TrainerConfig(Section):
         "vLLM's string-level grammar may allow more tokenisations than the canonical one scored here",
     )
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the frozen initial policy")
-    kl_estimator: str = Field("k3", description="per-token KL estimator: k1 or k3 (trainer/losses/kl.py)")
+    kl_estimator: str = Field("k3", description="per-token KL estimator: k1 or k3 (learner/losses/kl.py)")
     # optimiser
     lr: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)

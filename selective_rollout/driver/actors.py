@@ -85,10 +85,10 @@ class RunActors:
         """``model_path``: the policy on this node (the probe's tokenizer); ``actor_model``: the
         handle the actors load it by; ``local_ray``: Ray was started here (placement's ``auto``
         allocators)."""
+        from selective_rollout.learner import LearnerGroup
         from selective_rollout.placement import resource_demand, wait_for_actors
         from selective_rollout.rollout.coordinator import create_coordinator
         from selective_rollout.rollout.engines import create_engines
-        from selective_rollout.trainer import LearnerGroup
 
         self.cfg, self.run_dir = cfg, run_dir
         self.model_path, self.actor_model, self.local_ray = model_path, actor_model, local_ray
@@ -164,7 +164,7 @@ class RunActors:
         (``WeightSyncFailed``, instead of the collective's 300 s timeout): it is replaced like any
         dead engine and the sync re-run on the rebuilt group, which also completes the weights of
         the engines that were receiving, up to ``attempts`` syncs in all."""
-        from selective_rollout.trainer import WeightSyncFailed
+        from selective_rollout.learner import WeightSyncFailed
 
         for attempt in range(1, attempts + 1):
             try:

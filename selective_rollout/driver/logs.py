@@ -16,9 +16,9 @@ def rewind_logs(run_dir: Path, ckpt_dir: Path, resume: str) -> None:
     killed in between has lines of iterations it will redo; they are moved to ``*.rewound``
     (never deleted), and the resumed run writes them afresh, once.
     """
+    from selective_rollout.learner import latest_checkpoint
+    from selective_rollout.learner.checkpoint import read_extra_state
     from selective_rollout.records import rewind_jsonl
-    from selective_rollout.trainer import latest_checkpoint
-    from selective_rollout.trainer.checkpoint import read_extra_state
 
     done, evaluated = 0, set()
     if resume != "never" and (latest := latest_checkpoint(ckpt_dir)) is not None:

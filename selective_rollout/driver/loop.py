@@ -317,7 +317,7 @@ class Driver:
         """Keep the final evaluation across a resume. The last iteration's checkpoint already holds
         these weights: only its driver state is replaced (a full save would write the model and
         the optimizer again, ~12 bytes per parameter, for nothing)."""
-        from selective_rollout.trainer.checkpoint import (
+        from selective_rollout.learner.checkpoint import (
             latest_checkpoint,
             read_extra_state,
             update_extra_state,

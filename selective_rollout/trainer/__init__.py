@@ -1,24 +1,47 @@
-"""The learner side: advantages, GRPO loss, packing, DeepSpeed learners, sync.
+"""Deprecated name of ``selective_rollout.learner``, kept for one release.
 
-The re-exports load on first use (PEP 562), so importing a light submodule, as config
-validation does with ``trainer.losses``, does not import Ray and DeepSpeed.
+``import selective_rollout.trainer`` and its submodules (``selective_rollout.trainer.losses.policy``,
+say) return the very modules of ``selective_rollout.learner`` under the old names, with one
+``DeprecationWarning``, so that classes subclassed through either name are the same classes.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
 
-_EXPORTS = {
-    "LearnerGroup": "selective_rollout.trainer.learner_group",
-    "WeightSyncFailed": "selective_rollout.trainer.learner_group",
-    "latest_checkpoint": "selective_rollout.trainer.checkpoint",
-}
+OLD, NEW = "selective_rollout.trainer", "selective_rollout.learner"
 
-__all__ = ["LearnerGroup", "WeightSyncFailed", "latest_checkpoint"]
+warnings.warn(
+    f"{OLD} is deprecated: the learner lives in {NEW} (the same modules, renamed)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``selective_rollout.trainer.X`` as the module ``selective_rollout.learner.X``."""
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(OLD + ".") or fullname == f"{OLD}.export":
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(NEW + spec.name[len(OLD) :])
+
+    def exec_module(self, module: ModuleType) -> None:
+        """The module is the new one, already executed."""
+
+
+if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _Alias())
+
+from selective_rollout.learner import *  # noqa: E402, F403  (the old name's public names)
+from selective_rollout.learner import __all__  # noqa: E402, F401

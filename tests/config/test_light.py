@@ -22,7 +22,7 @@ FORBIDDEN = (
     "selective_rollout.rollout.coordinator",
     "selective_rollout.rollout.engines.transformers_engine",
     "selective_rollout.rollout.engines.vllm_engine",
-    "selective_rollout.trainer.losses.policy",
+    "selective_rollout.learner.losses.policy",
     "alfworld_env.pool",
 )
 

@@ -93,7 +93,7 @@ def test_an_async_run_killed_with_a_rollout_in_flight_resumes_without_duplicates
     from collections import Counter
 
     from selective_rollout.driver import Driver
-    from selective_rollout.trainer.checkpoint import latest_checkpoint, read_extra_state
+    from selective_rollout.learner.checkpoint import latest_checkpoint, read_extra_state
 
     run_dir = tmp_path / "run"
     overrides = [

@@ -97,9 +97,9 @@ def test_the_loosest_threshold_meeting_the_target_is_chosen() -> None:
 
 
 def test_advantage_l2_uses_the_trainers_formula() -> None:
+    from selective_rollout.learner.advantages import compute_advantages
+    from selective_rollout.learner.losses.advantage import GRPO
     from selective_rollout.records import Experience
-    from selective_rollout.trainer.advantages import compute_advantages
-    from selective_rollout.trainer.losses.advantage import GRPO
 
     assert EPS == EVALUATE_EPS == GRPO.model_fields["advantage_eps"].default
     rewards = [1.0, 0.0, 0.0, 0.0]

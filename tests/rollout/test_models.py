@@ -54,7 +54,7 @@ def _hub_cache(root: Path, repo_id: str) -> Path:
 def test_hub_id_resolves_to_its_snapshot_in_the_local_cache(monkeypatch, tmp_path: Path):
     """What a 7B config names (org/name) must reach the learner as a folder it can load offline."""
     from selective_rollout.config.trainer import TrainerConfig
-    from selective_rollout.trainer.modeling import load_policy
+    from selective_rollout.learner.modeling import load_policy
 
     snapshot = _hub_cache(tmp_path, "tiny-org/tiny-llama")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))

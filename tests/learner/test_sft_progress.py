@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from selective_rollout.config import load_config
 from selective_rollout.sft import train_sft
-from tests.trainer.conftest import make_batch
+from tests.learner.conftest import make_batch
 
 
 def test_the_warm_start_shows_a_bar_per_epoch_unless_progress_is_off(smollm2_path, tmp_path, capsys):

@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 from pydantic import Field
 
+from selective_rollout.learner.losses.params import Entry
 from selective_rollout.stats import grpo_advantages
-from selective_rollout.trainer.losses.params import Entry
 
 
 class AdvantageEstimator(Entry, ABC):

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from selective_rollout.config import load_config
+from selective_rollout.learner.advantages import compute_advantages
 from selective_rollout.plugins import ADVANTAGES
-from selective_rollout.trainer.advantages import compute_advantages
-from tests.trainer.conftest import make_batch
+from tests.learner.conftest import make_batch
 
 
 def test_grpo_matches_hand_computation_per_group():

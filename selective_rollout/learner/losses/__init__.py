@@ -20,14 +20,14 @@ _EXPORTS = {
     "AGGREGATIONS": "selective_rollout.plugins",
     "KL_ESTIMATORS": "selective_rollout.plugins",
     "POLICY_LOSSES": "selective_rollout.plugins",
-    "AdvantageEstimator": "selective_rollout.trainer.losses.advantage",
-    "Aggregation": "selective_rollout.trainer.losses.aggregation",
-    "batch_denominator": "selective_rollout.trainer.losses.aggregation",
-    "token_weights": "selective_rollout.trainer.losses.aggregation",
-    "KLEstimator": "selective_rollout.trainer.losses.kl",
-    "kl_estimate": "selective_rollout.trainer.losses.kl",
-    "PolicyLoss": "selective_rollout.trainer.losses.policy",
-    "ppo_clip_loss": "selective_rollout.trainer.losses.policy",
+    "AdvantageEstimator": "selective_rollout.learner.losses.advantage",
+    "Aggregation": "selective_rollout.learner.losses.aggregation",
+    "batch_denominator": "selective_rollout.learner.losses.aggregation",
+    "token_weights": "selective_rollout.learner.losses.aggregation",
+    "KLEstimator": "selective_rollout.learner.losses.kl",
+    "kl_estimate": "selective_rollout.learner.losses.kl",
+    "PolicyLoss": "selective_rollout.learner.losses.policy",
+    "ppo_clip_loss": "selective_rollout.learner.losses.policy",
 }
 
 __all__ = sorted(_EXPORTS)

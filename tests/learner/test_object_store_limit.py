@@ -13,7 +13,7 @@ def test_object_store_sync_of_a_big_model_is_refused_with_its_size(ray_cluster, 
     ``OBJECT_STORE_MAX_PARAMS`` (1B; lowered here to below the tiny model's size) the first sync
     stops the run with one line naming the model's size and the process-group alternatives."""
     from selective_rollout.config.trainer import TrainerConfig
-    from selective_rollout.trainer import LearnerGroup
+    from selective_rollout.learner import LearnerGroup
 
     group = LearnerGroup(TrainerConfig(weight_sync="object_store"), tiny_model_dir)
     try:

@@ -12,10 +12,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
-from selective_rollout.trainer import LearnerGroup
-from selective_rollout.trainer.export import export_policy
-from tests.trainer.conftest import VOCAB, make_batch
-from tests.trainer.engine_double import EngineDouble
+from selective_rollout.learner import LearnerGroup
+from selective_rollout.learner.export import export_policy
+from tests.learner.conftest import VOCAB, make_batch
+from tests.learner.engine_double import EngineDouble
 
 pytestmark = pytest.mark.ray
 
@@ -70,7 +70,7 @@ def _module_of(name: str) -> str:
 def test_zero3_sync_gathers_one_module_at_a_time(
     ray_cluster, wide_model_dir, lora, smollm2_tokenizer, tmp_path_factory
 ):
-    """... and a ZeRO-3 checkpoint exports (trainer/export.py) to a model that scores as the learner."""
+    """... and a ZeRO-3 checkpoint exports (learner/export.py) to a model that scores as the learner."""
     cfg = TrainerConfig(
         lr=1e-2, num_learners=2, zero_stage=3, weight_sync="gloo", lora=LoraConfig(enabled=lora, rank=4)
     )

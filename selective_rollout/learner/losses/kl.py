@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from selective_rollout import plugins
-from selective_rollout.trainer.losses.params import Entry
+from selective_rollout.learner.losses.params import Entry
 
 
 class KLEstimator(Entry, ABC):

@@ -5,7 +5,7 @@ from peft import get_peft_model
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
-from selective_rollout.trainer.modeling import export_units, load_policy, merged_weights
+from selective_rollout.learner.modeling import export_units, load_policy, merged_weights
 
 
 def test_full_model_exports_hf_names(tiny_model_dir):
@@ -145,7 +145,7 @@ def test_missing_model_folder_is_named(tmp_path):
 @pytest.mark.parametrize("chunk", [1, 7, 10_000])
 def test_chunked_logprobs_equal_the_whole_softmax(tiny_model_dir, chunk):
     """Log-probs, entropy and their gradient do not depend on how the sequence is chunked."""
-    from selective_rollout.trainer.modeling import token_logprobs
+    from selective_rollout.learner.modeling import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
     ids = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -173,7 +173,7 @@ def test_chunked_logprobs_equal_the_whole_softmax(tiny_model_dir, chunk):
 def test_logprobs_at_named_positions_equal_the_full_ones_there_and_zero_elsewhere(tiny_model_dir):
     """The vocabulary projection restricted to the policy tokens changes neither their log-probs,
     entropy nor the gradient of a masked loss; every other position reads 0."""
-    from selective_rollout.trainer.modeling import token_logprobs
+    from selective_rollout.learner.modeling import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
     ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from transformers import AutoModelForCausalLM
 
-from selective_rollout.trainer.modeling import checksum, token_logprobs
+from selective_rollout.learner.modeling import checksum, token_logprobs
 from selective_rollout.weight_sync.collective import TensorSpec, broadcast, make_sync_group
 
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from selective_rollout.learner.losses.advantage import AdvantageEstimator
 from selective_rollout.plugins import ADVANTAGES
 from selective_rollout.records import Experience
-from selective_rollout.trainer.losses.advantage import AdvantageEstimator
 
 
 def compute_advantages(

@@ -9,12 +9,12 @@ import ray
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config.trainer import LoraConfig, TrainerConfig
+from selective_rollout.learner import LearnerGroup, latest_checkpoint
+from selective_rollout.learner.export import export_policy
+from selective_rollout.learner.modeling import checksum
 from selective_rollout.precision import native_bf16
-from selective_rollout.trainer import LearnerGroup, latest_checkpoint
-from selective_rollout.trainer.export import export_policy
-from selective_rollout.trainer.modeling import checksum
-from tests.trainer.conftest import make_batch, with_choices
-from tests.trainer.engine_double import EngineDouble
+from tests.learner.conftest import make_batch, with_choices
+from tests.learner.engine_double import EngineDouble
 
 pytestmark = pytest.mark.ray
 
@@ -161,7 +161,7 @@ def test_weight_sync_makes_the_engine_score_like_the_learner(ray_cluster, tiny_m
 def test_resume_after_kill_reproduces_the_next_step(
     ray_cluster, tiny_model_dir, smollm2_tokenizer, tmp_path, tmp_path_factory
 ):
-    """... and the checkpoint exports (trainer/export.py) to an HF model of the weights it saved."""
+    """... and the checkpoint exports (learner/export.py) to an HF model of the weights it saved."""
     cfg = TrainerConfig(lr=1e-3, warmup_steps=5, num_learners=2, zero_stage=1, keep_checkpoints=1)
     first, second, third = batches(3)
     group = LearnerGroup(cfg, tiny_model_dir, seed=2)

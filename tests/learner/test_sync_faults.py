@@ -19,10 +19,10 @@ import torch
 
 from selective_rollout.config.placement import PlacementConfig
 from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.trainer import LearnerGroup, WeightSyncFailed
+from selective_rollout.learner import LearnerGroup, WeightSyncFailed
 from selective_rollout.weight_sync.collective import SYNC_TIMEOUT_S
-from tests.trainer.conftest import make_batch
-from tests.trainer.engine_double import EngineDouble
+from tests.learner.conftest import make_batch
+from tests.learner.engine_double import EngineDouble
 
 pytestmark = pytest.mark.ray
 

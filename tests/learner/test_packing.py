@@ -3,17 +3,17 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.records import Experience
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.losses import batch_denominator
-from selective_rollout.trainer.objective import micro_batch_loss
-from selective_rollout.trainer.packing import (
+from selective_rollout.learner.advantages import compute_advantages
+from selective_rollout.learner.losses import batch_denominator
+from selective_rollout.learner.objective import micro_batch_loss
+from selective_rollout.learner.packing import (
     collate,
     empty_micro_batch,
     per_step_segments,
     plan_micro_batches,
 )
-from tests.trainer.conftest import assert_same_direction_and_size, make_batch
+from selective_rollout.records import Experience
+from tests.learner.conftest import assert_same_direction_and_size, make_batch
 
 
 def test_plan_respects_budget_and_covers_every_sequence():

@@ -6,11 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.losses import batch_denominator, kl_estimate, ppo_clip_loss, token_weights
-from selective_rollout.trainer.objective import micro_batch_loss
-from selective_rollout.trainer.packing import collate, plan_micro_batches
-from tests.trainer.conftest import assert_same_direction_and_size, make_batch
+from selective_rollout.learner.advantages import compute_advantages
+from selective_rollout.learner.losses import batch_denominator, kl_estimate, ppo_clip_loss, token_weights
+from selective_rollout.learner.objective import micro_batch_loss
+from selective_rollout.learner.packing import collate, plan_micro_batches
+from tests.learner.conftest import assert_same_direction_and_size, make_batch
 
 # two sequences: 3 and 1 policy tokens (one padded position); clip 0.2 / 0.28
 LOGP = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, 0.0, 0.0]])
@@ -170,7 +170,7 @@ def test_decoupled_ppo_weighs_stale_tokens_by_the_truncated_behaviour_ratio(mode
     and 0.5 nat above on another (weight e^-0.5), the gradient is ppo_clip's with those sequences'
     advantages scaled by their weights (the ratio to the proximal policy is 1: nothing clips), and
     the statistics count what was truncated."""
-    from selective_rollout.trainer.objective import acting_logprobs
+    from selective_rollout.learner.objective import acting_logprobs
 
     cfg = TrainerConfig(policy_loss="decoupled_ppo", is_cap=2.0)
     batch = make_batch(4, {"a": [1.0, 0.0, 1.0, 0.0]})

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from selective_rollout.trainer.losses.params import DecoupledPPOParams, Entry, PPOClipParams
+from selective_rollout.learner.losses.params import DecoupledPPOParams, Entry, PPOClipParams
 
 
 class PolicyLoss(Entry, ABC):

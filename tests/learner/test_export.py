@@ -1,4 +1,4 @@
-"""A training checkpoint exported as an HF model folder (trainer/export.py): the exported model
+"""A training checkpoint exported as an HF model folder (learner/export.py): the exported model
 holds the weights the run trained, full fine-tuning and LoRA (merged) alike, and a checkpoint of
 another model, or one missing weights, is refused with a message instead of exported."""
 
@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config import dump_config, load_config
-from selective_rollout.trainer.export import export_run, find_checkpoint, run_folder_of
-from selective_rollout.trainer.modeling import load_policy, merged_weights
+from selective_rollout.learner.export import export_run, find_checkpoint, run_folder_of
+from selective_rollout.learner.modeling import load_policy, merged_weights
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "cpu_default.yaml"
 

@@ -16,13 +16,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.learner.advantages import compute_advantages
+from selective_rollout.learner.losses import batch_denominator
+from selective_rollout.learner.modeling import token_logprobs
+from selective_rollout.learner.objective import micro_batch_loss
+from selective_rollout.learner.packing import collate, per_step_segments
 from selective_rollout.records import Experience
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.losses import batch_denominator
-from selective_rollout.trainer.modeling import token_logprobs
-from selective_rollout.trainer.objective import micro_batch_loss
-from selective_rollout.trainer.packing import collate, per_step_segments
-from tests.trainer.conftest import VOCAB, assert_same_direction_and_size, dialogue, with_choices
+from tests.learner.conftest import VOCAB, assert_same_direction_and_size, dialogue, with_choices
 
 
 def batch(seed: int = 0) -> list[Experience]:

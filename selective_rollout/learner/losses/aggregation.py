@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from selective_rollout import plugins
-from selective_rollout.trainer.losses.params import Entry
+from selective_rollout.learner.losses.params import Entry
 
 
 class Aggregation(Entry, ABC):

@@ -18,13 +18,13 @@ import ray
 from ray.exceptions import RayActorError
 
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.learner import checkpoint
+from selective_rollout.learner.advantages import compute_advantages
+from selective_rollout.learner.learner import LearnerWorker
+from selective_rollout.learner.objective import MAX_STATS, ZERO_ADV
+from selective_rollout.learner.packing import check_experience, plan_micro_batches
 from selective_rollout.plugins import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.records import Experience
-from selective_rollout.trainer import checkpoint
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.learner import LearnerWorker
-from selective_rollout.trainer.objective import MAX_STATS, ZERO_ADV
-from selective_rollout.trainer.packing import check_experience, plan_micro_batches
 from selective_rollout.weight_sync.collective import TensorSpec, call_off, sync_ranks
 
 # how long the members of a called-off sync get to stop before the failure is reported anyway

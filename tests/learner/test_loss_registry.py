@@ -11,14 +11,14 @@ from transformers import AutoModelForCausalLM
 
 from selective_rollout.config import ConfigError, load_config
 from selective_rollout.config.trainer import TrainerConfig, loss_parameters
+from selective_rollout.learner.advantages import compute_advantages
+from selective_rollout.learner.losses import AdvantageEstimator, Aggregation, PolicyLoss, batch_denominator
+from selective_rollout.learner.losses.policy import PPOClip
+from selective_rollout.learner.modeling import token_logprobs
+from selective_rollout.learner.objective import micro_batch_loss
+from selective_rollout.learner.packing import collate
 from selective_rollout.plugins import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSS_REGISTRIES, POLICY_LOSSES
-from selective_rollout.trainer.advantages import compute_advantages
-from selective_rollout.trainer.losses import AdvantageEstimator, Aggregation, PolicyLoss, batch_denominator
-from selective_rollout.trainer.losses.policy import PPOClip
-from selective_rollout.trainer.modeling import token_logprobs
-from selective_rollout.trainer.objective import micro_batch_loss
-from selective_rollout.trainer.packing import collate
-from tests.trainer.conftest import assert_same_direction_and_size, make_batch
+from tests.learner.conftest import assert_same_direction_and_size, make_batch
 
 
 @contextmanager

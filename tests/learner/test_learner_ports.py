@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from selective_rollout.trainer.learner import LearnerWorker
+from selective_rollout.learner.learner import LearnerWorker
 from selective_rollout.weight_sync.collective import make_sync_group
 
 

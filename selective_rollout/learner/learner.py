@@ -21,13 +21,13 @@ from deepspeed.constants import default_pg_timeout
 
 from selective_rollout import process_memory
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.learner import checkpoint
+from selective_rollout.learner.modeling import checksum, export_units, load_policy, token_logprobs
+from selective_rollout.learner.objective import MAX_STATS, acting_logprobs, micro_batch_loss
+from selective_rollout.learner.packing import MicroBatch, collate, empty_micro_batch
 from selective_rollout.models import model_here
 from selective_rollout.precision import learner_precision
 from selective_rollout.records import Experience
-from selective_rollout.trainer import checkpoint
-from selective_rollout.trainer.modeling import checksum, export_units, load_policy, token_logprobs
-from selective_rollout.trainer.objective import MAX_STATS, acting_logprobs, micro_batch_loss
-from selective_rollout.trainer.packing import MicroBatch, collate, empty_micro_batch
 from selective_rollout.weight_sync.collective import (
     SyncAborted,
     TensorSpec,
@@ -58,7 +58,7 @@ def owns_clipping(cfg: TrainerConfig) -> bool:
 
 def autocast(cfg: TrainerConfig, device: torch.device) -> torch.autocast:
     """The forward's precision context: bf16 matmuls over fp32 weights under ``bf16-mixed``
-    (log-probs are still taken in fp32, trainer/modeling.py), a no-op otherwise."""
+    (log-probs are still taken in fp32, learner/modeling.py), a no-op otherwise."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16-mixed")
 
 
