@@ -1,4 +1,5 @@
-"""The concurrent coordinator, and the Ray actor that hosts the run's rollout source.
+"""The concurrent coordinator, and the Ray actor that hosts the run's rollout source (the
+``RolloutService`` the driver talks to, rollout/service.py).
 
 ``GroupCoordinator`` turns a stream of tasks into a batch of finished, trainable groups. Groups run
 concurrently (up to ``max_groups_in_flight``) and, inside a group, each trajectory runs at its own
@@ -26,6 +27,7 @@ from selective_rollout.plugins import ROLLOUT_MODES
 from selective_rollout.records import GroupRecord, Task
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
 from selective_rollout.rollout.scheduler import GroupScheduler
+from selective_rollout.rollout.service import RolloutService
 from selective_rollout.rollout.source import RolloutBatch
 from selective_rollout.rollout.turns import EngineHandle, GroupFailed
 
@@ -89,8 +91,9 @@ def rollout_source(
     return ROLLOUT_MODES.get(cfg.rollout.mode)(cfg, engines, pool, agent, run_dir)
 
 
-class CoordinatorActor:
-    """The coordinator as a Ray actor: builds the environment's pool and the Agent next to the loop.
+class CoordinatorActor(RolloutService):
+    """The rollout service as a Ray actor: builds the environment's pool and the Agent next to the
+    loop; a thin wrapper over the run's rollout source and the evaluation's.
 
     The pool lives inside this actor so that environment calls go straight from the
     coordinator to the env workers without a hop through the driver.
@@ -117,7 +120,6 @@ class CoordinatorActor:
         return await self.coordinator.rollout(tasks, iteration, version)
 
     async def evaluate(self, tasks: Sequence[Task]) -> list[GroupRecord]:
-        """Held-out episodes with the current weights: one group of ``eval.tries`` per task."""
         batch = await self.evaluator.rollout(tasks, iteration=-1)
         return batch.groups
 
@@ -132,7 +134,6 @@ class CoordinatorActor:
         self.evaluator.replace_engine(index, engine)
 
     async def progress(self) -> tuple[int, int]:
-        """Generated tokens and env steps so far (training and evaluation): the driver's liveness probe."""
         (tokens, steps), (eval_tokens, eval_steps) = self.coordinator.progress(), self.evaluator.progress()
         return tokens + eval_tokens, steps + eval_steps
 
@@ -150,7 +151,6 @@ class CoordinatorActor:
         return resident_gb()
 
     async def placement(self) -> dict[str, list[dict[str, Any]]]:
-        """Where this actor and its env workers run (the driver adds engines and learners)."""
         from selective_rollout.placement import here
 
         return {"coordinator": [here()], "env_workers": await self.pool.worker_locations()}
