@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.policy_eval import per_task_changes, per_try_changes
@@ -81,6 +81,15 @@ POOLED = {
 }
 # What an informative group costs: the gate's saving, measured where it is spent
 COST_METRICS = ("step_tokens_per_informative", "rollout_s_per_informative")
+# The plot's panels unless an experiment names its own (``plot:``)
+PLOT_METRICS = (
+    "rollout_s_per_informative",
+    "step_tokens_per_informative",
+    "informative_kept",
+    "groups_cut",
+    "zero_var_frac",
+    "success_gain",
+)
 # The smallest run that still plays every part of an iteration (a rollout, a learner step, a
 # weight sync, the held-out evaluation before and after): tiny games generated wherever
 # env.games_dir points, one group of G = 2, no warm start, one held-out task, one iteration. The
@@ -142,6 +151,10 @@ class ExperimentConfig(BaseModel):
         "detect: the report says how many seeds a CI over seeds excluding 0 would take at it",
     )
     sweep: SweepSpec | None = SweepSpec()
+    plot: list[str] = Field(
+        default_factory=lambda: list(PLOT_METRICS),
+        description="the metrics experiment.png draws, one panel each (the held-out change is always drawn)",
+    )
     versus: list[str] = Field(
         default_factory=list,
         description="arms besides the first to compare every other arm's held-out change with (the "
@@ -165,6 +178,14 @@ class ExperimentConfig(BaseModel):
         "report.json, so by default its checkpoints (optimizer state included: ~1.6 GB each for the "
         "135M CPU profile) are deleted once the arm is done",
     )
+
+    @field_validator("plot")
+    @classmethod
+    def _known_metrics(cls, value: list[str]) -> list[str]:
+        unknown = [key for key in value if key not in METRICS]
+        if unknown:
+            raise ValueError(f"unknown metric(s) {unknown}; known: {', '.join(METRICS)}")
+        return value
 
     def layers(self) -> list[list[str]]:
         """The shared overrides as ``load_config`` layers: an origin's, then this file's."""
@@ -537,7 +558,7 @@ def write_outputs(
     lines += precision_section(pooled, evals, rows)
     lines += ["", "![experiment](experiment.png)"]
     (out / "experiment.md").write_text("\n".join(lines) + "\n")
-    plot(out / "experiment.png", rows, arms, pooled)
+    plot(out / "experiment.png", rows, arms, pooled, exp.plot)
     return diffs
 
 
@@ -705,23 +726,20 @@ def precision_section(
 
 
 def plot(
-    path: Path, rows: list[dict[str, Any]], arms: list[str], pooled: list[dict[str, Any]] | None = None
+    path: Path,
+    rows: list[dict[str, Any]],
+    arms: list[str],
+    pooled: list[dict[str, Any]] | None = None,
+    panels: Sequence[str] = PLOT_METRICS,
 ) -> None:
-    """Bars (means) and dots (seeds) of the headline metrics; the held-out change's panel also
+    """Bars (means) and dots (seeds) of ``panels`` (the held-out change's always among them); its panel also
     draws, per arm, the change pooled over seeds with its CI over tasks (``pooled_held_out``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [
-        "rollout_s_per_informative",
-        "step_tokens_per_informative",
-        "informative_kept",
-        "groups_cut",
-        "zero_var_frac",
-        "success_gain",
-    ]
+    keys = list(panels) if "success_gain" in panels else [*panels, "success_gain"]
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.6))
     for ax, key in zip(axes, keys, strict=True):
         for i, arm in enumerate(arms):

@@ -152,7 +152,7 @@ def test_a_run_that_started_from_a_warm_start_exports_it_or_says_how_to_build_it
     cfg = load_config(run / "config.yaml")
     folder = warm_start_dir(cfg, start_model)
     with pytest.raises(
-        FileNotFoundError, match=r"not cached on this machine .* python -m selective_rollout\.sft"
+        FileNotFoundError, match=r"not cached on this machine .*python -m selective_rollout\.sft"
     ):
         export_run(run, tmp_path / "policy")
     shutil.copytree(start_model, folder)  # what the run's warm start left in the cache

@@ -224,6 +224,7 @@ def test_a_core_only_backend_evaluates_over_ray_and_says_what_training_lacks(
             "env.num_workers=1",
             "eval.num_tasks=2",
             "rollout.max_steps=2",
+            "gate.k=1",  # the evaluation runs no gate; the run's config still checks it against the cap
         ],
     )
     summary = run_evaluation(cfg, smollm2_path)
