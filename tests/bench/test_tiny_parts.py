@@ -34,7 +34,7 @@ def test_tiny_sets_the_small_defaults_but_an_option_given_wins():
 
 
 def test_a_tiny_experiment_keeps_its_arms_on_one_seed_without_gate_memory(tmp_path):
-    exp, _ = load_experiment(REPO / "configs" / "ab_gates_cpu.yaml")
+    exp, _ = load_experiment(REPO / "configs" / "experiments" / "ab_gates_cpu.yaml")
     tiny = tiny_experiment(exp, tmp_path / "games")
     assert list(tiny.arms) == list(exp.arms) and tiny.seeds == exp.seeds[:1]
     assert exp.gate_memory and not tiny.gate_memory  # gate memory needs two seeds
