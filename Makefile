@@ -112,48 +112,48 @@ bench-regime: install
 # The on-policy training A/B on the CPU profile (5 arms x 2 seeds, 54 min on a 2-core AMD EPYC);
 # results in runs/experiment-ab-cpu/experiment.md (docs/experiments.md).
 experiment-ab: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/ab_cpu.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/ab_cpu.yaml
 
 # Its headline pair (gate off, the default gate) on six seeds; shares its folder, so seeds 0 and 1
 # are reused from there (8 more runs, 38 min; results replace that folder's experiment.md, which
 # make experiment-ab writes again from its finished runs without re-running them; docs/experiments.md).
 experiment-ab-seeds: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/ab_cpu_seeds.yaml --out runs/experiment-ab-cpu
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/ab_cpu_seeds.yaml --out runs/experiment-ab-cpu
 
 # sync against async on the CPU profile, the engine and the learner a core each, and the shipped
 # sync profile (configs/experiments/async_cpu.yaml; results in runs/experiment-async-cpu/experiment.md).
 experiment-async: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/async_cpu.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/async_cpu.yaml
 
 # Held-out learning, gated beside ungated (2 arms x 2 seeds x 8 iterations, 24 unseen tasks x 4
 # sampled tries; 64 min on 2 cores with AMX).
 experiment-learning: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/cpu_learning.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/cpu_learning.yaml
 
 # Is it the gate or the smaller denominator? Gate off, zero-variance groups dropped from the loss
 # alone (dapo without refill), stalled and the composed gate, refill off in every arm (4 arms x 2
 # seeds x 5 iterations; about 46 min on 2 cores).
 experiment-skeptic: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/cpu_learning_skeptic.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/cpu_learning_skeptic.yaml
 
 # The learner's objective under constrained choice: the constrained policy's log-probs (default)
 # beside the model's own, gate on, the learning experiment's profile, one seed (~35 min on 2 cores).
 experiment-objective: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/cpu_learning_objective.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/cpu_learning_objective.yaml
 
 # The gates online: gate off, the paper's prefix_edit, history, stalled (4 arms x 2 seeds, 3 iterations each; ~95 min on 2 cores).
 experiment-gates: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/ab_gates_cpu.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/ab_gates_cpu.yaml
 
 # The composed gate online, with and without the outlived trajectory stop: gate off, stalled, any,
 # any + outlived (4 arms x 6 seeds, 3 iterations each; ~110 min on 2 cores).
 experiment-any: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/ab_any_cpu.yaml
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/ab_any_cpu.yaml
 
 # The stalled gate against no gate on 6 seeds; shares the gates experiment's folder, so its seeds 0
 # and 1 are reused from there (results replace that folder's experiment.md; docs/gate.md "Online").
 experiment-stalled: install
-	$(PY) -m selective_rollout.experiment --config configs/experiments/ab_stalled_cpu.yaml --out runs/experiment-ab-gates-cpu
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/ab_stalled_cpu.yaml --out runs/experiment-ab-gates-cpu
 
 lint: install
 	$(VENV)/bin/ruff check .

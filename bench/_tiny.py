@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from selective_rollout.experiment import TINY_RUN
+from selective_rollout.analysis.experiment import TINY_RUN
 
 
 def parse_args(

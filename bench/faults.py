@@ -56,7 +56,7 @@ from pathlib import Path
 import psutil
 from _tiny import parse_args
 
-from selective_rollout.experiment import TINY_RUN
+from selective_rollout.analysis.experiment import TINY_RUN
 from selective_rollout.learner import latest_checkpoint
 from selective_rollout.records import Outcome, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics

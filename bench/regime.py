@@ -12,7 +12,7 @@ Pass overrides to measure another profile side by side, e.g. the previous defaul
         agent.admissible_in_prompt=every_turn
 
 ``--out DIR`` keeps the rollouts (``DIR/rollouts.jsonl``) for the offline gate sweep
-(``python -m selective_rollout.gate.offline.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
+(``python -m selective_rollout.analysis.gate_eval.evaluate``). ``--rollouts FILE [FILE ...]`` runs nothing and
 prints the regime of logged groups instead (e.g. an experiment's ungated arms, pooled), and for a
 gated log what its audits cost as a share of its step-tokens. ``--tiny`` (what CI runs) plays
 one group of the tiny run (``TINY_RUN``) under the overrides given.
@@ -30,9 +30,9 @@ from pathlib import Path
 
 from _tiny import parse_args
 
+from selective_rollout.analysis.report import regime_summary, rollout_summary
 from selective_rollout.config import load_config
 from selective_rollout.records import GroupRecord, Outcome, read_groups
-from selective_rollout.reporting.report import regime_summary, rollout_summary
 
 
 def print_audit_spending(groups: list[GroupRecord]) -> None:

@@ -1,7 +1,7 @@
 """The life of one group, and the one place where its fate is settled.
 
 Runs (``rollout.group_run``), the offline replay of a gate on logged groups
-(``gate.offline.replay``) and ``integrations.live_group`` (the gate inside other trainers' loops)
+(``analysis.gate_eval.replay``) and ``integrations.live_group`` (the gate inside other trainers' loops)
 all drive this one machine, so a group's outcome means the same wherever it was decided.
 
 A group starts RUNNING. When the gate fires it is AT_GATE, and the audit budget sends it on:

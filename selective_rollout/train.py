@@ -1,12 +1,12 @@
-"""The driver's command line: one training run.
+"""The training command line: one training run, then its report.
 
     python -m selective_rollout.train --config configs/cpu_default.yaml [section.key=value ...]
 
 Starts a local Ray cluster, or joins one given by ``--ray-address`` / ``RAY_ADDRESS`` (what
-``ray job submit`` sets), and runs the ``Driver`` (selective_rollout/driver/). Everything a run
-produces lands in its run folder (resolved config, metrics.jsonl, rollouts.jsonl, checkpoints,
-plots, report.md/json). Re-running with the same ``driver.run_dir`` resumes from the last complete
-checkpoint (``trainer.resume=auto``).
+``ray job submit`` sets), runs the ``Driver`` (selective_rollout/driver/) and writes the run's
+report (``analysis.report``), then prints it. Everything a run produces lands in its run folder
+(resolved config, metrics.jsonl, rollouts.jsonl, checkpoints, plots, report.md/json). Re-running
+with the same ``driver.run_dir`` resumes from the last complete checkpoint (``trainer.resume=auto``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from selective_rollout.analysis.report import report_run
 from selective_rollout.config import ConfigError, RunConfig, load_config
 from selective_rollout.driver import Driver
 
@@ -80,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     driver = None
     try:
         driver = Driver(cfg, run_dir, args.ray_address)
-        report = driver.run()
+        driver.run()
+        report = report_run(driver)
     except KeyboardInterrupt as exc:  # RunInterrupted included
         why = str(exc) or (f"received signal {_SIGNALS[-1]}" if _SIGNALS else "Ctrl-C")
         print(

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "selective_rollout"
 
 # The floor of every module, by the longest dotted prefix that names it.
 FLOORS = {
+    "_moved": 1,  # old module names -> new ones, as strings: it imports none of them
     "records": 1,
     "lifecycle": 1,  # a group's phases: runs, replay and LiveGroup drive it
     "registry": 1,
@@ -28,25 +29,19 @@ FLOORS = {
     "precision": 1,
     "process_memory": 1,
     "gate": 1,
-    "gate.offline": 2,  # the tools over logs import the run-time gates, never the reverse
     "trajectory_stop": 1,
-    "trajectory_stop.offline": 2,  # replays logs with gate.offline's tools
     "envs": 1,
     "config": 1,
     "weight_sync": 1,
-    "reporting": 1,  # the package itself; its report module sits higher
-    "reporting.metrics_log": 1,
+    "reporting": 1,  # what a run writes about itself while it runs (metrics, idle shares)
     "rollout": 2,
     "integrations": 2,
     "warm_start_cache": 2,  # where a warm start is cached: what the learner's export needs of it
     "learner": 3,
-    "trainer": 3,  # the learner's deprecated name (an alias of it, for one release)
-    "policy_eval": 3,
-    "reporting.report": 3,
     "sft": 4,  # builds the warm start with the learner's modelling
     "driver": 5,
-    "train": 5,  # the driver's command line
-    "experiment": 6,
+    "analysis": 6,  # the offline analysis: over logs, runs and experiments; nothing run-time imports it
+    "train": 7,  # the command line: the driver's run, then the report (analysis)
 }
 
 

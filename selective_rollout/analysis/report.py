@@ -12,15 +12,18 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from selective_rollout.analysis.offpolicy import offpolicy_rows, offpolicy_summary, outcomes_by_lag
+from selective_rollout.analysis.policy_eval import describe_gain, success_gain
 from selective_rollout.placement import nodes_by_kind, placement_lines, read_placement
-from selective_rollout.policy_eval import describe_gain, success_gain
 from selective_rollout.records import GroupRecord, Outcome, read_groups
 from selective_rollout.reporting.idle import throughput_summary
 from selective_rollout.reporting.metrics_log import read_metrics
-from selective_rollout.reporting.offpolicy import offpolicy_rows, offpolicy_summary, outcomes_by_lag
 from selective_rollout.stats import clopper_pearson
+
+if TYPE_CHECKING:
+    from selective_rollout.driver import Driver
 
 RSS_PREFIX = "system/rss_gb/"
 
@@ -366,7 +369,7 @@ def write_report(
         f"| held-out change (after - before, paired per task) | {change} |",
         "",
         "Wall-clock saved by the gate is not measurable inside one run: compare arms on one task stream",
-        "with `python bench/rollout_ab.py` or `python -m selective_rollout.experiment`.",
+        "with `python bench/rollout_ab.py` or `python -m selective_rollout.analysis.experiment`.",
         "",
     ]
     if after and after.get("by_type"):
@@ -383,3 +386,13 @@ def write_report(
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def report_run(driver: Driver) -> Path:
+    """The report of the run ``driver`` has just finished (``Driver.run``); returns report.md's path.
+    The driver does not write it itself (the report is analysis, a layer above the driver): the
+    command line, the experiment runner and the end-to-end tests call this after the run."""
+    settings = driver.cfg.driver
+    return write_report(
+        driver.run_dir, driver.state, driver.cfg.regime_k, settings.pipeline, settings.max_staleness
+    )

@@ -1,6 +1,6 @@
 """What a trajectory stop rule would have done on logged rollouts, in sample and held out.
 
-    python -m selective_rollout.trajectory_stop.offline --rollouts R.jsonl [...] --rule outlived \\
+    python -m selective_rollout.analysis.trajectory_stop_eval --rollouts R.jsonl [...] --rule outlived \\
         [--param min_step=6 ...] [--grid min_step=4,5,6,7,8 ...] [--target 0.95] [--folds 2] \\
         [--gate stalled --gate-k 11 [--gate-param name=value ...]] --out DIR
 
@@ -22,7 +22,7 @@ evaluated with the setting that saves the most on the other folds while its labe
 is >= ``--target`` (none such: the rule stays off on that fold).
 
 With ``--gate``, the gate is replayed over the same groups (without audits, as
-gate/offline/replay.py does) and the groups it would cut are left out before the rule's saving is
+analysis/gate_eval/replay.py does) and the groups it would cut are left out before the rule's saving is
 counted: the rule's saving on top of the gate, still as a share of all step-tokens, and its
 precision in the groups the gate keeps (the held-out choice then looks at these).
 
@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from selective_rollout.analysis.gate_eval.evaluate import parse_param
+from selective_rollout.analysis.gate_eval.heldout import split_by_task
+from selective_rollout.analysis.gate_eval.replay import EPS, replay
 from selective_rollout.gate.base import build_gate
-from selective_rollout.gate.offline.evaluate import parse_param
-from selective_rollout.gate.offline.heldout import split_by_task
-from selective_rollout.gate.offline.replay import EPS, replay
 from selective_rollout.gate.snapshot import labelled
 from selective_rollout.plugins import TRAJECTORY_STOPS
 from selective_rollout.records import REWARD_TOL, GroupRecord, TrajectoryStatus, read_groups
@@ -260,7 +260,7 @@ def _grid(text: str) -> tuple[str, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selective_rollout.trajectory_stop.offline",
+        prog="python -m selective_rollout.analysis.trajectory_stop_eval",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

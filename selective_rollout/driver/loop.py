@@ -5,9 +5,9 @@ runs while the learner trains (``driver.pipeline``).
 It runs in the process that starts the run (``python -m selective_rollout.train``, or each arm of
 an experiment) and drives the run's actors (``driver.actors``) through Ray. Its settings are the
 ``driver:`` section; the learner's are ``trainer:``. Everything a run produces lands in its run
-folder (resolved config, metrics.jsonl, rollouts.jsonl, checkpoints, plots, report.md/json);
-re-running with the same ``driver.run_dir`` resumes from the last complete checkpoint
-(``trainer.resume=auto``).
+folder (resolved config, metrics.jsonl, rollouts.jsonl, checkpoints; the command line adds the
+plots and report.md/json once the loop ends); re-running with the same ``driver.run_dir``
+resumes from the last complete checkpoint (``trainer.resume=auto``).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Driver:
         return metrics
 
     def evaluate(self, label: str) -> dict[str, Any]:
-        from selective_rollout.policy_eval import format_summary, success_summary
+        from selective_rollout.driver.held_out import format_summary, success_summary
         from selective_rollout.runtime import wait_for_coordinator
 
         self.pipeline.serve_latest()
@@ -148,7 +148,7 @@ class Driver:
         groups = wait_for_coordinator(
             self.coordinator, ref, f"evaluation ({label})", stall_s, self.actors.replace_dead_engines
         )
-        # with its wall-clock: what an experiment's held-out precision costs (reporting.power)
+        # with its wall-clock: what an experiment's held-out precision costs (analysis.power)
         summary = {
             **success_summary(groups, self.cfg.eval.bootstrap, self.cfg.seed),
             "wall_s": time.monotonic() - started,
@@ -195,7 +195,7 @@ class Driver:
     def iteration(self, it: int) -> dict[str, float]:
         import ray
 
-        from selective_rollout.policy_eval import eval_metrics
+        from selective_rollout.driver.held_out import eval_metrics
         from selective_rollout.reporting.idle import engine_busy_delta, idle_metrics
 
         cfg = self.cfg
@@ -267,9 +267,10 @@ class Driver:
             "pipeline/rollout_wait_s": collected.wait_s,
         }
 
-    def run(self) -> Path:
-        from selective_rollout.policy_eval import eval_metrics, format_summary
-        from selective_rollout.reporting.report import write_report
+    def run(self) -> None:
+        """Resume, train the remaining iterations and evaluate; the run's report is written by the
+        caller (``analysis.report.report_run``: the report is analysis, above the driver)."""
+        from selective_rollout.driver.held_out import eval_metrics, format_summary
 
         self.resume()
         if self.cfg.driver.update_check and "update_check" not in self.state:
@@ -308,10 +309,6 @@ class Driver:
             after = eval_metrics(self.evaluate("after"))
             self.logger.log({**after, **self._sync_metrics()}, self.cfg.driver.iterations)
             self.save_final_state()
-        driver = self.cfg.driver
-        return write_report(
-            self.run_dir, self.state, self.cfg.regime_k, driver.pipeline, driver.max_staleness
-        )
 
     def save_final_state(self) -> None:
         """Keep the final evaluation across a resume. The last iteration's checkpoint already holds

@@ -1,6 +1,6 @@
 """The gate library at run time: the contract (``base``), one file per gate, divergence features,
 incremental tracking, the audit rule and the calibration a gate runs on logged groups. The offline
-tools over logs (sweep, held-out evaluation, replay, fitting CLI) live in ``gate.offline``.
+tools over logs (sweep, held-out evaluation, replay, fitting CLI) live in ``analysis.gate_eval``.
 
 Pure Python plus the C ``editdistance`` library; no Ray and no torch, so it can be reused by
 any trainer (see selective_rollout/integrations).

@@ -23,7 +23,7 @@ step once its group has ended; both count against the budget like the group audi
 spending, and ``room_for`` tells that audit whether its next one fits.
 
 It lives in the gate library (base layer) because it needs nothing but records: the coordinator
-runs it online, and the held-out evaluation (gate/offline/heldout.py) replays logs under the same rule.
+runs it online, and the held-out evaluation (analysis/gate_eval/heldout.py) replays logs under the same rule.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ target precision.
 A gate's ``calibrate`` classmethod (its own search, e.g. ``stalled`` over steps and shares, or
 ``learned`` fitting its model) receives a ``Calibration`` (gate/base.py): the target, the shared
 keys and how to score a gate on groups. The scoring is supplied by whoever calibrates (the
-held-out evaluation replays logs with the run's audit rule: ``gate.offline.replay.ReplayCalibration``),
+held-out evaluation replays logs with the run's audit rule: ``analysis.gate_eval.replay.ReplayCalibration``),
 so the gates depend only on the contract, never on the offline tools.
 """
 

@@ -1,7 +1,7 @@
 """The ``learned`` gate: a logistic model of P(zero variance) over the divergence features at the
 decision step (and the step itself), fit offline from logged rollouts.
 
-    python -m selective_rollout.gate.offline.fit --rollouts A.jsonl [B.jsonl ...] --k 4 --out gate.json
+    python -m selective_rollout.analysis.gate_eval.fit --rollouts A.jsonl [B.jsonl ...] --k 4 --out gate.json
     python -m selective_rollout.train ... gate.name=learned gate.k=4 gate.model_path=gate.json
 
 The model file (JSON, written by ``fit_model``) holds the feature names, their standardisation
@@ -85,7 +85,7 @@ class LearnedModel:
         if not path.is_file():
             raise ValueError(
                 f"learned gate model file not found: {path} "
-                "(write one with python -m selective_rollout.gate.offline.fit)"
+                "(write one with python -m selective_rollout.analysis.gate_eval.fit)"
             )
         try:
             data = json.loads(path.read_text())
@@ -279,7 +279,7 @@ class LearnedParams(GateParams):
         if self.model_path is None:
             raise ValueError(
                 "gate 'learned' needs model_path, the file "
-                "python -m selective_rollout.gate.offline.fit writes"
+                "python -m selective_rollout.analysis.gate_eval.fit writes"
             )
         model = LearnedModel.load(self.model_path)
         schedule, fitted = [self.k, *self.steps], [model.k, *model.steps]

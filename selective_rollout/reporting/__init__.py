@@ -1,5 +1,3 @@
-"""What a run tells its user: metric logging back-ends (JSONL, wandb, TensorBoard) and the run report.
-
-``metrics_log`` sits in the base layer (the coordinator and the driver write through it);
-``report`` reads a finished run's logs and writes its report (beside the learner side).
-"""
+"""What a run writes about itself while it runs: metric logging back-ends (JSONL, wandb,
+TensorBoard; ``metrics_log``) and where the hardware waited (``idle``). The report of a finished
+run is offline analysis (``selective_rollout.analysis.report``)."""

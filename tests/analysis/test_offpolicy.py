@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from selective_rollout.reporting.offpolicy import offpolicy_rows, offpolicy_summary
+from selective_rollout.analysis.offpolicy import offpolicy_rows, offpolicy_summary
 
 
 def iteration(it: int, lag: int, stale_frac: float, **weights: float) -> dict[str, float]:
@@ -56,7 +56,7 @@ def test_a_sync_run_says_no_token_was_stale_and_an_old_log_says_not_recorded(tmp
         "| pipeline | not recorded (a run logged before pipeline/* metrics) |"
     ]
 
-    from selective_rollout.reporting.report import write_report
+    from selective_rollout.analysis.report import write_report
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(tmp_path, {"iteration": 2}, regime_k=4, pipeline="sync").read_text()
@@ -67,8 +67,8 @@ def test_a_sync_run_says_no_token_was_stale_and_an_old_log_says_not_recorded(tmp
 
 
 def test_the_gates_outcomes_are_counted_by_the_version_lag_they_were_trained_at():
+    from selective_rollout.analysis.offpolicy import outcomes_by_lag
     from selective_rollout.records import GroupRecord, Outcome, Trajectory
-    from selective_rollout.reporting.offpolicy import outcomes_by_lag
 
     def group(gid: str, it: int, version: int, outcome: Outcome, rewards=(1.0, 0.0)) -> GroupRecord:
         trajectories = [Trajectory(i, [], reward=r) for i, r in enumerate(rewards)]

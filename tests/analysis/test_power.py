@@ -1,4 +1,4 @@
-"""The held-out change's variance components (reporting.power): recovered from simulated
+"""The held-out change's variance components (analysis.power): recovered from simulated
 experiments whose components are known, and the seeds a design needs."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from selective_rollout.reporting.power import Z95, ChangePrecision, change_precision, paired_seeds_needed
+from selective_rollout.analysis.power import Z95, ChangePrecision, change_precision, paired_seeds_needed
 
 
 def _simulated(seeds: int, tasks: int, tries: int, between: float, training: float, rng) -> dict:

@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from selective_rollout.analysis.report import (
+    peak_memory,
+    regime_summary,
+    rollout_summary,
+    saving_estimate,
+    write_report,
+)
 from selective_rollout.records import (
     GateRecord,
     GroupRecord,
@@ -16,13 +23,6 @@ from selective_rollout.records import (
     Trajectory,
     TrajectoryStatus,
     TrajectoryStop,
-)
-from selective_rollout.reporting.report import (
-    peak_memory,
-    regime_summary,
-    rollout_summary,
-    saving_estimate,
-    write_report,
 )
 
 
@@ -84,7 +84,7 @@ def test_regime_counts_outcome_kinds_lengths_and_distinct_divergences():
 
 
 def test_held_out_gain_is_paired_per_task():
-    from selective_rollout.policy_eval import success_gain
+    from selective_rollout.analysis.policy_eval import success_gain
 
     before = {"per_task": {"a": 0.0, "b": 0.0, "c": 1.0, "gone": 1.0}}
     after = {"per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "new": 0.0}}
@@ -98,7 +98,7 @@ def test_held_out_gain_is_paired_per_task():
 
 
 def test_one_task_of_eight_flipping_reads_as_no_change_with_an_interval_that_admits_a_gain():
-    from selective_rollout.policy_eval import describe_gain, success_gain
+    from selective_rollout.analysis.policy_eval import describe_gain, success_gain
 
     tasks = [f"t{i}" for i in range(8)]
     before = {"per_task": dict(zip(tasks, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], strict=True))}
@@ -119,7 +119,7 @@ def test_one_task_of_eight_flipping_reads_as_no_change_with_an_interval_that_adm
 
 
 def test_fractional_task_rates_use_the_bootstrap_interval_and_the_sign_flip_test():
-    from selective_rollout.policy_eval import success_gain
+    from selective_rollout.analysis.policy_eval import success_gain
 
     before = {"per_task": {"a": 0.0, "b": 0.25, "c": 0.5, "d": 0.5}}
     after = {"per_task": {"a": 0.5, "b": 0.75, "c": 1.0, "d": 0.75}}
@@ -130,7 +130,7 @@ def test_fractional_task_rates_use_the_bootstrap_interval_and_the_sign_flip_test
 
 
 def test_held_out_tries_pair_by_index_and_their_correlation_is_measured():
-    from selective_rollout.policy_eval import per_try_changes, success_gain, try_correlation
+    from selective_rollout.analysis.policy_eval import per_try_changes, success_gain, try_correlation
 
     rates = {"a": 0.5, "b": 0.5, "c": 0.5}
     before = {"per_task": rates, "per_try": {"a": [1, 0], "b": [0, 1], "c": [1, None]}}

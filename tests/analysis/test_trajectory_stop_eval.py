@@ -21,9 +21,9 @@ import math
 import numpy as np
 import pytest
 
+from selective_rollout.analysis.trajectory_stop_eval import first_stop, main, stops_in, summarize
 from selective_rollout.records import GroupWriter, TrajectoryStatus, TrajectoryStop
 from selective_rollout.stats import clopper_pearson
-from selective_rollout.trajectory_stop.offline import first_stop, main, stops_in, summarize
 from selective_rollout.trajectory_stop.outlived import OutlivedRule
 from tests.fixtures.output import own_lines
 from tests.gate.synthetic import group

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(REPO.glob("configs/experiments/*.yaml"))
 END_TO_END = REPO / "configs" / "experiments" / "ab_cpu_seeds.yaml"
+EXPERIMENT = "selective_rollout.analysis.experiment"  # the runner's command line (python -m)
 # bench scripts that need a GPU, and the shared --tiny helper (no script of its own)
 NOT_TINY = {"gpu_smoke.py", "gpu_smoke_cluster.py", "_tiny.py"}
 
@@ -131,11 +132,9 @@ def test_every_bench_script_has_a_tiny_test() -> None:
 
 @pytest.mark.parametrize("config", EXPERIMENTS, ids=lambda p: p.name)
 def test_every_arm_of_an_experiment_builds_in_tiny_mode(config: Path, tmp_path: Path) -> None:
-    from selective_rollout.experiment import load_experiment
+    from selective_rollout.analysis.experiment import load_experiment
 
-    out = run(
-        "-m", "selective_rollout.experiment", "--config", config, "--tiny", "--dry-run", "--out", tmp_path
-    )
+    out = run("-m", EXPERIMENT, "--config", config, "--tiny", "--dry-run", "--out", tmp_path)
     exp, _ = load_experiment(config)
     planned = [line.split(":")[0] for line in out.splitlines() if line.strip()]
     assert planned == [f"{arm}-s{exp.seeds[0]}" for arm in exp.arms]
@@ -144,9 +143,9 @@ def test_every_arm_of_an_experiment_builds_in_tiny_mode(config: Path, tmp_path: 
 
 
 def test_one_experiment_runs_end_to_end_in_tiny_mode(tmp_path: Path) -> None:
-    from selective_rollout.experiment import load_experiment
+    from selective_rollout.analysis.experiment import load_experiment
 
-    out = run("-m", "selective_rollout.experiment", "--config", END_TO_END, "--tiny", "--out", tmp_path)
+    out = run("-m", EXPERIMENT, "--config", END_TO_END, "--tiny", "--out", tmp_path)
     arms = list(load_experiment(END_TO_END)[0].arms)
     with (tmp_path / "experiment.csv").open() as fh:
         assert [(r["arm"], r["seed"]) for r in csv.DictReader(fh)] == [(arm, "0") for arm in arms]

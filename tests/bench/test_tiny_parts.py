@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO / "bench"))  # the bench scripts import each other a
 import faults  # noqa: E402
 from _tiny import parse_args  # noqa: E402
 
-from selective_rollout.experiment import TINY_RUN, load_experiment, tiny_experiment  # noqa: E402
+from selective_rollout.analysis.experiment import TINY_RUN, load_experiment, tiny_experiment  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ def test_shipped_config_is_valid(path):
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
 def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path):
-    from selective_rollout.experiment import load_experiment
+    from selective_rollout.analysis.experiment import load_experiment
 
     exp, base = load_experiment(path)
     for arm in exp.arms.values():

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from selective_rollout.analysis.report import report_run
 from selective_rollout.config import load_config
 from selective_rollout.precision import engine_dtype
 from selective_rollout.records import Outcome, read_groups
@@ -68,7 +69,8 @@ def test_an_engine_killed_mid_rollout_is_replaced_and_the_run_finishes(ray_clust
     killer = threading.Thread(target=kill_the_engine_once_it_generates, daemon=True)
     killer.start()
     try:
-        report = driver.run()
+        driver.run()
+        report = report_run(driver)
         after_engine = ray.get(driver.engines[0].weights_checksum.remote())
         after_learner = driver.learner.weights_checksum(engine_dtype(cfg.engine.dtype, "cpu"))
         new_pid = ray.get(driver.engines[0].location.remote())["pid"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from selective_rollout.analysis.report import report_run
 from selective_rollout.config import RunConfig, load_config
 from selective_rollout.records import read_groups
 
@@ -64,7 +65,8 @@ def test_a_jsonl_environment_trains_one_iteration(ray_cluster, tmp_path):
     cfg = arithmetic_config(tmp_path, run_dir, ["driver.iterations=1"])
     driver = Driver(cfg, run_dir)
     try:
-        report = driver.run()
+        driver.run()
+        report = report_run(driver)
     finally:
         driver.close()
     groups = [g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 0]

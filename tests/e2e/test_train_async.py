@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from selective_rollout.analysis.report import report_run
 from selective_rollout.precision import engine_dtype
 from selective_rollout.records import read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
@@ -38,7 +39,8 @@ def test_async_pipeline_plays_ahead_within_the_staleness_bound(ray_cluster, tmp_
     )
     driver = Driver(cfg, run_dir)
     try:
-        report = driver.run()
+        driver.run()
+        report = report_run(driver)
         served = ray.get(driver.engines[0].weights_checksum.remote())
         dtype = engine_dtype(cfg.engine.dtype, "cpu")
         learner = driver.learner.weights_checksum(dtype if dtype != "auto" else None)

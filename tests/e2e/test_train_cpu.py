@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.evaluate import main as gate_evaluate
+from selective_rollout.analysis.report import report_run
 from selective_rollout.config import load_config
-from selective_rollout.gate.offline.evaluate import main as gate_evaluate
 from selective_rollout.placement import read_placement
 from selective_rollout.precision import engine_dtype
 from selective_rollout.records import read_groups
@@ -60,7 +61,8 @@ def test_cpu_profile_two_iterations(ray_cluster, tiny_games, tmp_path):
     driver = Driver(cfg, run_dir)
     try:
         before = ray.get(driver.engines[0].weights_checksum.remote())
-        report = driver.run()
+        driver.run()
+        report = report_run(driver)
         after_engine = ray.get(driver.engines[0].weights_checksum.remote())
         dtype = engine_dtype(cfg.engine.dtype, "cpu")
         after_learner = driver.learner.weights_checksum(dtype if dtype != "auto" else None)

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from selective_rollout.analysis.report import report_run
 from selective_rollout.config import load_config
 from selective_rollout.records import read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
@@ -44,6 +45,7 @@ def _train(tmp_path, overrides: list[str]):
     driver = Driver(cfg, run_dir)
     try:
         driver.run()
+        report_run(driver)
     finally:
         driver.close()
     groups = [g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 0]

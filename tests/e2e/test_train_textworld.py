@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from selective_rollout.analysis.report import report_run
 from selective_rollout.config import load_config
 from selective_rollout.records import read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
@@ -47,7 +48,8 @@ def test_textworld_profile_one_iteration(ray_cluster, cooking_games, tmp_path):
     assert cfg.env.name == "tw-cooking" and cfg.rollout.strategy == "selective"
     driver = Driver(cfg, run_dir)
     try:
-        report = driver.run()
+        driver.run()
+        report = report_run(driver)
     finally:
         driver.close()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.replay import ReplayCalibration, replay, summarize
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.any_of import AnyGate
-from selective_rollout.gate.offline.replay import ReplayCalibration, replay, summarize
 from tests.gate.synthetic import converged, divergent, group
 
 LONG = [f"a{s}" for s in range(10)]

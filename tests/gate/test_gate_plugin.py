@@ -6,11 +6,11 @@ import csv
 import pytest
 from pydantic import Field
 
+from selective_rollout.analysis.gate_eval.evaluate import main as evaluate
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.reference import render
 from selective_rollout.gate import GATES, Gate, GateDecision, GateParams, GroupView, register_gate
-from selective_rollout.gate.offline.evaluate import main as evaluate
-from tests.gate.test_evaluate import write_example
+from tests.analysis.gate_eval.test_evaluate import write_example
 
 TOY = "stop_at_step_test_only"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.replay import ReplayCalibration, as_recorded, replay, summarize
 from selective_rollout.gate import GroupView, build_gate
-from selective_rollout.gate.offline.replay import ReplayCalibration, as_recorded, replay, summarize
 from selective_rollout.records import GateRecord
 from tests.gate.synthetic import converged, divergent, mixed_log, partly, typed_log
 

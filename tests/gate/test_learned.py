@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.fit import main
+from selective_rollout.analysis.gate_eval.replay import replay, summarize
 from selective_rollout.config import ConfigError, load_config
 from selective_rollout.gate import GroupView, build_gate
 from selective_rollout.gate.learned import FEATURES, LearnedModel, fit_model
-from selective_rollout.gate.offline.fit import main
-from selective_rollout.gate.offline.replay import replay, summarize
 from selective_rollout.records import GroupWriter
 from selective_rollout.stats import task_folds
 from tests.gate.synthetic import converged, divergent, mixed_log, partly

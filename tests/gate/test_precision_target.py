@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.replay import as_recorded
 from selective_rollout.gate import GroupView, build_gate
-from selective_rollout.gate.offline.replay import as_recorded
 from selective_rollout.records import GateRecord
 from selective_rollout.stats import clopper_pearson
 from tests.gate.synthetic import converged, divergent, partly

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.replay import ReplayCalibration
 from selective_rollout.gate import GroupView, build_gate
-from selective_rollout.gate.offline.replay import ReplayCalibration
 from selective_rollout.gate.stalled import StalledGate
 from tests.gate.synthetic import group
 

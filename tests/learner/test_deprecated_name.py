@@ -12,10 +12,9 @@ def test_the_old_name_gives_the_same_modules_with_one_deprecation_warning():
     import selective_rollout.learner.losses.policy as new
 
     sys.modules.pop("selective_rollout.trainer", None)
-    with pytest.warns(DeprecationWarning, match="the learner lives in selective_rollout.learner"):
+    with pytest.warns(DeprecationWarning, match="it lives in selective_rollout.learner"):
         import selective_rollout.trainer  # noqa: F401
     import selective_rollout.trainer.losses.policy as old
-
     from selective_rollout.learner import LearnerGroup
     from selective_rollout.trainer import LearnerGroup as OldLearnerGroup
 

@@ -104,7 +104,7 @@ def test_policy_eval_evaluates_a_run_folder_as_its_exported_policy_with_its_conf
     """``policy_eval --checkpoint runs/<run>``: the run's latest checkpoint is exported on the way,
     the run's own config.yaml is used (overrides and flags on top), the temporary export is gone
     afterwards; an HF folder is evaluated as it is, with the profile's config."""
-    import selective_rollout.policy_eval as policy_eval
+    import selective_rollout.analysis.policy_eval as policy_eval
 
     trained = AutoModelForCausalLM.from_pretrained(start_model, dtype=torch.float32)
     with torch.no_grad():

@@ -47,7 +47,7 @@ def test_the_run_pools_its_iterations_by_their_seconds() -> None:
 def test_the_run_report_says_who_waited_and_what_was_delivered(tmp_path) -> None:
     import json
 
-    from selective_rollout.reporting.report import write_report
+    from selective_rollout.analysis.report import write_report
 
     row = {
         "iteration": 0,

@@ -213,7 +213,7 @@ def test_bad_game_is_reported_by_path_and_skipped_in_training_and_evaluation(
     """The issue's reproduction: a game whose PDDL does not parse used to hang the run forever."""
     import ray
 
-    from selective_rollout.policy_eval import success_summary
+    from selective_rollout.driver.held_out import success_summary
 
     bad = folder_task(str(broken_game), "broken-task", tasks[0].task_type)
     cfg = load_config(None, [*BASE, "rollout.strategy=none", "rollout.groups_per_iteration=1"])

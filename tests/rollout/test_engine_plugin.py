@@ -208,7 +208,7 @@ def test_a_core_only_backend_evaluates_over_ray_and_says_what_training_lacks(
     and a running engine of it reports no capability, which the driver's check turns into one line."""
     import ray
 
-    from selective_rollout.policy_eval import run_evaluation
+    from selective_rollout.analysis.policy_eval import run_evaluation
     from selective_rollout.rollout.engines import create_engines
     from selective_rollout.rollout.engines.base import TRAINING_NEEDS, missing_capabilities
 

@@ -13,7 +13,7 @@ Any registered gate can be evaluated: ``--tau`` sweeps the parameter the gate na
 parameters keep their defaults unless ``--param name=value`` (or ``--t-high``) sets them, and a
 gate without a threshold is evaluated once per K.
 
-Usage: python -m selective_rollout.gate.offline.evaluate --rollouts FILE --out DIR [--k 5,10,15]
+Usage: python -m selective_rollout.analysis.gate_eval.evaluate --rollouts FILE --out DIR [--k 5,10,15]
        [--tau 0.02:0.30:0.02] [--gates prefix_edit,two_axis] [--t-high 0.9] [--param name=value ...]
 """
 
@@ -303,7 +303,7 @@ def parse_param(text: str) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selective_rollout.gate.offline.evaluate",
+        prog="python -m selective_rollout.analysis.gate_eval.evaluate",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

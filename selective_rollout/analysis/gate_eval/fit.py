@@ -1,6 +1,6 @@
 """Fit the ``learned`` gate's model (``gate.learned.fit_model``) from logged rollouts: the CLI.
 
-    python -m selective_rollout.gate.offline.fit --rollouts A.jsonl [B.jsonl ...] --k 4 [--steps 6,8]
+    python -m selective_rollout.analysis.gate_eval.fit --rollouts A.jsonl [B.jsonl ...] --k 4 [--steps 6,8]
         [--target 0.9] [--l2 1.0] [--cv-folds 5] --out gate.json
 
 One row per labelled group (final rewards known) and decision step at which a run would ask
@@ -34,7 +34,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selective_rollout.gate.offline.fit",
+        prog="python -m selective_rollout.analysis.gate_eval.fit",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,9 +1,10 @@
 """Held-out evaluation of gates: calibrate or fit on some logged groups, evaluate on others.
 
-    python -m selective_rollout.gate.offline.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
+    python -m selective_rollout.analysis.gate_eval.heldout --rollouts R.jsonl --split task --folds 2 --k 4 \\
         [--steps 6,8] [--targets 0.9,0.8] [--gates prefix_edit,learned,history,precision_target] \\
         [--online stalled,any [--online-prior 11]] [--horizon T] --out DIR
-    python -m selective_rollout.gate.offline.heldout --fit A.jsonl [...] --eval B.jsonl [...] --k 4 --out DIR
+    python -m selective_rollout.analysis.gate_eval.heldout --fit A.jsonl [...] --eval B.jsonl [...] \\
+        --k 4 --out DIR
 
 The fit and evaluation parts never share a group: either the given files (``--fit`` / ``--eval``,
 e.g. other seeds or iterations), or a split of ``--rollouts`` by task (``--split task``): the
@@ -13,7 +14,7 @@ the others (cross-fitting), so every group is evaluated once, by gates that neve
 
 For each gate and target precision, on the fit part: a threshold gate takes the threshold value
 that saves the most while its precision there stays >= the target (the loosest such one);
-``learned`` fits its model (gate/offline/fit.py), ``history`` its thresholds, ``precision_target`` is
+``learned`` fits its model (analysis/gate_eval/fit.py), ``history`` its thresholds, ``precision_target`` is
 given the target (its tau comes online), ``stalled`` its step (K or later) and share, ``any`` each
 member alone (stricter while their union falls short). ``--online`` adds variants that take the
 calibrated step as a prior and choose it online from the groups they observe (``gate.online``);
@@ -21,7 +22,7 @@ calibrated step as a prior and choose it online from the groups they observe (``
 as a new run with a shipped step does. The
 calibrated gate then observes the fit part's groups (a gate with memory starts the evaluation
 knowing them) and is replayed over the evaluation part in log order as a run would meet it
-(gate/offline/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
+(analysis/gate_eval/replay.py: truncated at each decision step, the run's audit rule, a cut group's outcome
 hidden from the gate).
 
 Printed and written (``heldout.md``, ``heldout.csv``, ``heldout_pareto.png``) per gate and target:
@@ -38,7 +39,7 @@ over tasks (a task's groups resampled together; the gates' decisions held fixed)
 Each row also gives the step(s) the gate decided at (its own calibrated step for ``stalled``, per
 fold) as K and as K/T, T the episode cap (``--horizon``; by default the length of the logs'
 truncated trajectories, else the longest one), and the paper's operating point nearest to that K/T
-(gate/offline/paper_reference.py): a cut at K saves what is left of the episode, so gates under
+(analysis/gate_eval/paper_reference.py): a cut at K saves what is left of the episode, so gates under
 different caps compare at the same fraction of it. The paper's table follows, with its K/T.
 """
 
@@ -55,10 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from selective_rollout.gate.base import build_gate, gate_class
-from selective_rollout.gate.calibration import calibrated_params
-from selective_rollout.gate.offline import paper_reference
-from selective_rollout.gate.offline.replay import (
+from selective_rollout.analysis.gate_eval import paper_reference
+from selective_rollout.analysis.gate_eval.replay import (
     ROW_WIDTH,
     SAVED,
     STATISTICS,
@@ -68,6 +67,8 @@ from selective_rollout.gate.offline.replay import (
     replay,
     summarize,
 )
+from selective_rollout.gate.base import build_gate, gate_class
+from selective_rollout.gate.calibration import calibrated_params
 from selective_rollout.gate.snapshot import caching, labelled
 from selective_rollout.records import GroupRecord, TrajectoryStatus, read_groups
 from selective_rollout.stats import cluster_bootstrap_ci, task_folds
@@ -478,7 +479,7 @@ def _read(paths: Sequence[Path]) -> list[GroupRecord]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m selective_rollout.gate.offline.heldout",
+        prog="python -m selective_rollout.analysis.gate_eval.heldout",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

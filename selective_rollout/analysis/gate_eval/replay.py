@@ -1,6 +1,6 @@
 """Replay logged groups through a gate as a run would have met them, in log order.
 
-The offline sweep (gate/offline/evaluate.py) asks a stateless gate about each group at K. Gates with
+The offline sweep (analysis/gate_eval/evaluate.py) asks a stateless gate about each group at K. Gates with
 memory (``history``, ``precision_target``) need more: the groups must reach them in the order a
 run finishes them, the gate must be told of each finished group (``Gate.observe``) exactly as
 the coordinator tells it, and what it is told must hide what a run would not know. So here:
@@ -19,7 +19,7 @@ the coordinator tells it, and what it is told must hide what a run would not kno
 oracle's saving (cut exactly the zero-variance groups at K, no audit), and the change in step-tokens
 per informative group reaching the learner against no gate (what the cuts save, over the
 informative groups they lose: the offline twin of the experiment's paired figure). ``ReplayCalibration``
-scores a gate this way for the calibration of the held-out evaluation (gate/offline/heldout.py).
+scores a gate this way for the calibration of the held-out evaluation (analysis/gate_eval/heldout.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from selective_rollout.config import ConfigError
-from selective_rollout.experiment import (
+from selective_rollout.analysis.experiment import (
     ExperimentConfig,
     arm_metrics,
     held_out_changes,
@@ -22,6 +21,7 @@ from selective_rollout.experiment import (
     versus_section,
     write_outputs,
 )
+from selective_rollout.config import ConfigError
 from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Step, Trajectory
 
 
@@ -244,7 +244,7 @@ def test_the_pooled_difference_does_not_depend_on_the_process_hash_seed():
     import sys
 
     snippet = (
-        "from selective_rollout.experiment import pooled_held_out\n"
+        "from selective_rollout.analysis.experiment import pooled_held_out\n"
         "import random\n"
         "rng = random.Random(0)\n"
         "tasks = [f'task-{i}' for i in range(24)]\n"
@@ -303,7 +303,7 @@ def _evals(wall_s: float | None) -> dict[str, dict[int, dict]]:
 
 
 def test_the_report_says_how_precisely_the_held_out_change_was_measured(tmp_path):
-    from selective_rollout.reporting.power import change_precision
+    from selective_rollout.analysis.power import change_precision
 
     exp = ExperimentConfig(base="cpu_default.yaml", arms={"off": [], "on": []}, seeds=[0, 1])
     rows = [r for r in _rows() if r["seed"] < 2]  # training 110 s (off), 97.5 s (on) per seed
@@ -400,7 +400,7 @@ def test_bad_experiment_files(tmp_path):
 
 
 def test_gate_memory_names_earlier_arms_on_other_seeds(tmp_path):
-    from selective_rollout.experiment import run_overrides
+    from selective_rollout.analysis.experiment import run_overrides
 
     good = tmp_path / "x.yaml"
     good.write_text(
@@ -430,8 +430,8 @@ def test_gate_memory_names_earlier_arms_on_other_seeds(tmp_path):
 
 
 def test_before_eval_key_ignores_what_acts_only_in_training():
+    from selective_rollout.analysis.experiment import before_eval_key
     from selective_rollout.config import load_config
-    from selective_rollout.experiment import before_eval_key
 
     def key(*overrides: str) -> str:
         return before_eval_key(load_config("configs/cpu_default.yaml", list(overrides)))
@@ -457,8 +457,8 @@ assert SHIPPED_EXPERIMENTS, "configs/experiments/ holds no experiment file"
 @pytest.mark.parametrize("path", SHIPPED_EXPERIMENTS)
 def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path, tmp_path):
     """An arm whose overrides do not validate would fail an hour into `make experiment-*`."""
+    from selective_rollout.analysis.experiment import run_overrides
     from selective_rollout.config import load_config
-    from selective_rollout.experiment import run_overrides
 
     exp, base = load_experiment(path)
     for arm in exp.arms:  # a gate memory's logs must exist to validate: stand-ins
@@ -475,8 +475,8 @@ def test_every_arm_of_a_shipped_experiment_is_a_valid_run(path, tmp_path):
 
 
 def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
+    from selective_rollout.analysis.experiment import finished_run
     from selective_rollout.config import dump_config, load_config
-    from selective_rollout.experiment import finished_run
 
     cfg = load_config("configs/cpu_default.yaml", ["driver.iterations=2"])
     run = tmp_path / "arm-s0"
@@ -499,7 +499,7 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
 @pytest.mark.ray
 def test_tiny_real_experiment(ray_cluster, tiny_games, tmp_path, caplog):
     """Two arms, one seed, one iteration each, over the real stack: CSV, MD with CIs, PNG, sweep."""
-    from selective_rollout.experiment import run_experiment
+    from selective_rollout.analysis.experiment import run_experiment
 
     exp = tmp_path / "ab.yaml"
     overrides = [
@@ -594,7 +594,7 @@ def test_pipeline_arms_are_compared_per_iteration_and_by_delivery(tmp_path):
 
 
 def test_seeds_runs_a_subset_of_the_files_seeds_and_refuses_others(capsys):
-    from selective_rollout.experiment import main
+    from selective_rollout.analysis.experiment import main
 
     assert main(["--config", "configs/experiments/async_cpu.yaml", "--dry-run", "--seeds", "1,0"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from selective_rollout.gate.offline.evaluate import main
+from selective_rollout.analysis.gate_eval.evaluate import main
 from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Step, Trajectory, TrajectoryStatus
 
 

@@ -9,8 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from selective_rollout.gate.offline.heldout import GateSpec, episode_cap, main, run, split_by_task, table
-from selective_rollout.gate.offline.paper_reference import POINTS, nearest
+from selective_rollout.analysis.gate_eval.heldout import (
+    GateSpec,
+    episode_cap,
+    main,
+    run,
+    split_by_task,
+    table,
+)
+from selective_rollout.analysis.gate_eval.paper_reference import POINTS, nearest
 from selective_rollout.records import GroupRecord, GroupWriter, TrajectoryStatus
 from selective_rollout.stats import cluster_bootstrap_ci
 from tests.gate.synthetic import converged, divergent, group, mixed_log

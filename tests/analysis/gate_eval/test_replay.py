@@ -7,11 +7,11 @@ import math
 
 import pytest
 
+from selective_rollout.analysis.gate_eval.evaluate import EPS as EVALUATE_EPS
+from selective_rollout.analysis.gate_eval.evaluate import labelled_groups
+from selective_rollout.analysis.gate_eval.replay import EPS, ReplayCalibration, replay, summarize
 from selective_rollout.gate import GateDecision, GroupView, PrefixEditGate, build_gate
 from selective_rollout.gate.calibration import best_params
-from selective_rollout.gate.offline.evaluate import EPS as EVALUATE_EPS
-from selective_rollout.gate.offline.evaluate import labelled_groups
-from selective_rollout.gate.offline.replay import EPS, ReplayCalibration, replay, summarize
 from selective_rollout.gate.snapshot import caching, tokens_after
 from selective_rollout.records import Outcome
 from selective_rollout.stats import grpo_advantages
