@@ -3,7 +3,9 @@
 The loop the inference-time gate (``integrations.infer``) and the LangGraph node
 (``integrations.langgraph``) share. Each sample has its own conversation and its own environment
 episode (never one message list for all G); after every environment step its whole action goes to
-a ``LiveGroup``, so the gate compares actions, not strings of text; when the gate fires, the
+a ``LiveGroup``, so the gate compares actions, not strings of text. Requests go through the
+``openai`` back-end's ``OpenAIClient`` (the package's one speaker of the protocol; an unreachable
+server or an error status is an ``EngineError`` naming the URL). When the gate fires, the
 samples it cuts have their in-flight request cancelled (the HTTP connection closes, which aborts
 the generation in this package's server and in ``vllm serve``) and ``survivors`` of them run to the end.
 
@@ -23,7 +25,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import httpx
 
@@ -34,6 +36,8 @@ from selective_rollout.integrations.episodes import ThreadedEpisode
 from selective_rollout.integrations.live_group import LiveGroup
 from selective_rollout.records import Task
 from selective_rollout.rollout.actions import parse_action
+from selective_rollout.rollout.engines.base import SamplingParams
+from selective_rollout.rollout.engines.openai_engine import Answer, OpenAIClient
 from selective_rollout.rollout.prompts import system_prompt, user_text
 
 
@@ -136,32 +140,13 @@ class LoopConfig:
     stop: tuple[str, ...] = ()  # stop strings of every request, besides the environment's
 
 
-class ChatEndpointError(RuntimeError):
-    """The endpoint answered with an error or an unexpected body; the message says which."""
-
-
-async def _chat(
-    client: httpx.AsyncClient, cfg: LoopConfig, messages: list[dict], seed: int, stop: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": cfg.model,
-        "messages": messages,
-        "max_tokens": cfg.max_tokens,
-        "temperature": cfg.temperature,
-        "seed": seed,
-    }
-    if stops := list(dict.fromkeys([*cfg.stop, *stop])):
-        body["stop"] = stops
-    resp = await client.post("chat/completions", json=body)
-    if resp.status_code != 200:
-        raise ChatEndpointError(f"{resp.request.url} answered {resp.status_code}: {resp.text[:300]}")
-    data = resp.json()
-    try:
-        return {"text": data["choices"][0]["message"]["content"] or "", "usage": data.get("usage") or {}}
-    except (KeyError, IndexError, TypeError):
-        raise ChatEndpointError(
-            f"{resp.request.url} returned no choices[0].message: {str(data)[:300]}"
-        ) from None
+async def _reply(
+    client: OpenAIClient, cfg: LoopConfig, messages: list[dict], seed: int, stop: tuple[str, ...] = ()
+) -> Answer:
+    """One reply to ``messages``; the stop strings of the loop and of the environment, each once."""
+    stops = list(dict.fromkeys([*cfg.stop, *stop])) or None
+    sampling = SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed, stop=stops)
+    return await client.generate(f"sample-seed-{seed}", messages, sampling, cfg.model)
 
 
 def _user_turn(ob: AgentObservation) -> list[Message]:
@@ -171,7 +156,7 @@ def _user_turn(ob: AgentObservation) -> list[Message]:
 
 
 async def _sample(
-    client: httpx.AsyncClient, cfg: LoopConfig, group: LiveGroup, i: int, source: EpisodeSource
+    client: OpenAIClient, cfg: LoopConfig, group: LiveGroup, i: int, source: EpisodeSource
 ) -> SampleResult:
     res = SampleResult()
     episode, ob = await source.open()
@@ -181,17 +166,16 @@ async def _sample(
         for step in range(cfg.max_steps):
             if step or opening is None:
                 messages += _user_turn(ob)
-            reply = await group.unless_cut(
-                i, _chat(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step, source.stop)
+            answer = await group.unless_cut(
+                i, _reply(client, cfg, messages, cfg.seed * 100_003 + 1000 * i + step, source.stop)
             )
-            if reply is None:
+            if answer is None:
                 break
-            res.completion_tokens += int(reply["usage"].get("completion_tokens", 0))
-            res.prompt_tokens += int(reply["usage"].get("prompt_tokens", 0))
-            messages.append({"role": "assistant", "content": reply["text"]})
-            command = parse_action(
-                reply["text"], ob.admissible, source.action_format, cfg.fuzzy_threshold
-            ).command
+            res.completion_tokens += answer.completion_tokens
+            res.prompt_tokens += answer.completion.prompt_tokens
+            text = answer.completion.outputs[0].text
+            messages.append({"role": "assistant", "content": text})
+            command = parse_action(text, ob.admissible, source.action_format, cfg.fuzzy_threshold).command
             ob = await episode.step(command)
             res.actions.append(command)
             res.won = ob.won
@@ -206,9 +190,17 @@ async def _sample(
 
 
 async def run_group(
-    client: httpx.AsyncClient, cfg: LoopConfig, source: EpisodeSource, g: int, gate: Gate, survivors: int = 1
+    client: OpenAIClient | httpx.AsyncClient,
+    cfg: LoopConfig,
+    source: EpisodeSource,
+    g: int,
+    gate: Gate,
+    survivors: int = 1,
 ) -> GroupResult:
-    """Run G samples of one task concurrently; when the gate fires, all but ``survivors`` are cut."""
+    """Run G samples of one task concurrently; when the gate fires, all but ``survivors`` are cut.
+    ``client``: the shared ``OpenAIClient``, or an httpx client whose base URL is the server's root."""
+    if isinstance(client, httpx.AsyncClient):
+        client = OpenAIClient(http=client)
     group = LiveGroup(gate, g, survivors)
     samples = await asyncio.gather(*[_sample(client, cfg, group, i, source) for i in range(g)])
     reason = group.decision.reason if group.decision else "not fired"

@@ -18,10 +18,9 @@ import asyncio
 import json
 from dataclasses import asdict, dataclass
 
-import httpx
-
 from selective_rollout.gate import Gate, build_gate
 from selective_rollout.integrations.agent_loop import LoopConfig, alfworld_game, run_group
+from selective_rollout.rollout.engines.openai_engine import OpenAIClient
 
 
 @dataclass
@@ -42,9 +41,10 @@ class Comparison:
 async def compare(
     base_url: str, cfg: LoopConfig, games: list[str], g: int, gate: Gate, timeout_s: float = 600.0
 ) -> list[Comparison]:
-    """Per game: all G samples vs the gated run with the same seeds, side by side."""
+    """Per game: all G samples vs the gated run with the same seeds, side by side, over one client
+    (``OpenAIClient``: an unreachable server or an error status is an ``EngineError`` naming the URL)."""
     out = []
-    async with httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", timeout=timeout_s) as client:
+    async with OpenAIClient(base_url, timeout_s=timeout_s) as client:
         for game in games:
             full = await run_group(client, cfg, alfworld_game(game), g, build_gate("none"))
             gated = await run_group(client, cfg, alfworld_game(game), g, gate)

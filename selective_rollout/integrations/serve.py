@@ -3,8 +3,13 @@
 Lets the inference-time gate (selective_rollout.integrations.infer) and any OpenAI client talk to
 the engines this package already has, exactly as they would talk to ``vllm serve``. Endpoints:
 ``GET /v1/models``, ``GET /metrics`` (Prometheus: requests, aborted requests, tokens; see
-``server_metrics``) and ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
-temperature, top_p, n, seed, stop, stream, stream_options.include_usage). ``stream=true`` answers with
+``server_metrics``), ``POST /v1/chat/completions`` (messages, max_tokens / max_completion_tokens,
+temperature, top_p, n, seed, stop, stream, stream_options.include_usage) and ``POST /v1/completions``
+(a ``prompt`` of token ids, as a trajectory's dialogue is kept; text prompts are refused, since the
+engine templates only chat messages). Both also take vLLM's extensions the ``openai`` back-end
+sends: ``logprobs`` (the sampled tokens' log-probs, each token written ``token_id:N``),
+``return_token_ids`` (each choice's ``token_ids``) and ``structured_outputs.choice`` (the reply is
+exactly one of these strings). ``stream=true`` answers with
 server-sent events in OpenAI's chunk format (``choices[].delta``, ``finish_reason``, a final
 ``usage`` chunk when ``include_usage`` is set, ``data: [DONE]``). A client that disconnects,
 streaming or not, aborts its request in the engine, which is how a gated sample's generation is
@@ -41,6 +46,7 @@ from selective_rollout.integrations.server_metrics import ServerMetrics
 from selective_rollout.models import resolve_model
 from selective_rollout.rollout.engines.base import (
     Completion,
+    CompletionOutput,
     EngineError,
     RolloutEngine,
     SamplingParams,
@@ -96,12 +102,33 @@ def _stop(body: dict[str, Any]) -> list[str] | None:
     return stops or None
 
 
+def _choices(body: dict[str, Any]) -> list[str] | None:
+    """vLLM's ``structured_outputs: {"choice": [...]}``: the reply is exactly one of these strings."""
+    structured = body.get("structured_outputs")
+    if structured is None:
+        return None
+    if not isinstance(structured, dict) or set(structured) != {"choice"}:
+        raise BadRequest(f"'structured_outputs' must be an object with only 'choice', got {structured!r}")
+    choices = structured["choice"]
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise BadRequest(f"'structured_outputs.choice' must be a non-empty list of strings, got {choices!r}")
+    return choices
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be true or false, got {value!r}")
+    return value
+
+
 def sampling_from_body(body: dict[str, Any], limits: ServerLimits = ServerLimits()) -> SamplingParams:
     """OpenAI request fields -> SamplingParams, with one clear error per bad field."""
     max_tokens = _integer(body, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 64)
     sp = SamplingParams(
+        choices=_choices(body),
         n=_integer(body, "n", 1),
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0),
@@ -134,6 +161,19 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
 
+def _token_ids_prompt(body: dict[str, Any]) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a list of token ids: this server templates only chat messages")
+    if not isinstance(prompt, list) or not prompt or not all(_is_int(t) and t >= 0 for t in prompt):
+        raise BadRequest("'prompt' must be a non-empty list of token ids")
+    return prompt
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _stream_options(body: dict[str, Any]) -> bool | None:
     """``None`` for a plain request, else whether the stream ends with a usage chunk."""
     stream = body.get("stream", False)
@@ -161,6 +201,43 @@ def _usage(done: Completion) -> dict[str, int]:
     }
 
 
+def _extras(body: dict[str, Any], chat: bool) -> tuple[bool, bool]:
+    """Whether the choices carry their log-probs and their token ids. Only the sampled token's own
+    log-prob is served: chat's ``logprobs: true`` (``top_logprobs`` 0), completions' ``logprobs: 0``."""
+    if chat:
+        logprobs = _flag(body, "logprobs")
+        if body.get("top_logprobs") not in (None, 0):
+            raise BadRequest("'top_logprobs' must be 0: only the sampled token's log-prob is served")
+    else:
+        logprobs = body.get("logprobs") is not None
+        if body.get("logprobs") not in (None, 0):
+            raise BadRequest("'logprobs' must be 0 or null: only the sampled token's log-prob is served")
+    return logprobs, _flag(body, "return_token_ids")
+
+
+def _choice(out: CompletionOutput, chat: bool, logprobs: bool, token_ids: bool) -> dict[str, Any]:
+    """One output in the endpoint's format; a token is written ``token_id:N`` (vLLM's
+    ``return_tokens_as_token_ids``), which names it exactly where a decoded piece may not."""
+    choice: dict[str, Any] = {"index": out.index, "finish_reason": out.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": out.text}
+    else:
+        choice["text"] = out.text
+    tokens = [f"token_id:{t}" for t in out.token_ids]
+    if logprobs and chat:
+        choice["logprobs"] = {
+            "content": [
+                {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(tokens, out.logprobs, strict=True)
+            ]
+        }
+    elif logprobs:
+        choice["logprobs"] = {"tokens": tokens, "token_logprobs": out.logprobs, "top_logprobs": None}
+    if token_ids:
+        choice["token_ids"] = out.token_ids
+    return choice
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
 
@@ -175,7 +252,7 @@ class ChatServer:
         self,
         engine: RolloutEngine,
         model_name: str,
-        count_tokens: Callable[[list[dict[str, str]]], int],
+        count_tokens: Callable[[list[int] | list[dict[str, str]]], int],
         limits: ServerLimits = ServerLimits(),
     ) -> None:
         self.engine, self.model_name = engine, model_name
@@ -202,6 +279,7 @@ class ChatServer:
         app = web.Application()
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.complete)
         app.router.add_get("/metrics", self.prometheus)
         return app
 
@@ -218,20 +296,31 @@ class ChatServer:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
 
     async def chat(self, request: web.Request) -> web.Response:
+        return await self._answer(request, chat=True)
+
+    async def complete(self, request: web.Request) -> web.Response:
+        return await self._answer(request, chat=False)
+
+    async def _answer(self, request: web.Request, chat: bool) -> web.Response:
+        """One request of either endpoint: chat messages (``chat``) or a prompt of token ids."""
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             include_usage = _stream_options(body)
+            if include_usage is not None and not chat:
+                raise BadRequest("'stream' is served on /v1/chat/completions only")
             if body.get("model") not in (None, self.model_name):
                 return _error(
                     404, f"model {body.get('model')!r} is not served here; serving {self.model_name!r}"
                 )
-            messages, sampling = _messages(body), sampling_from_body(body, self.limits)
+            prompt = _messages(body) if chat else _token_ids_prompt(body)
+            sampling = sampling_from_body(body, self.limits)
+            extras = _extras(body, chat)
         except (BadRequest, ValueError) as exc:
-            return _error(400, f"bad chat completion request: {exc}")
+            return _error(400, f"bad {'chat ' if chat else ''}completion request: {exc}")
         try:
-            budget = sampling.n * (self.count_tokens(messages) + sampling.max_tokens)
+            budget = sampling.n * (self.count_tokens(prompt) + sampling.max_tokens)
         except EngineError as exc:
             return _error(400, str(exc))
         if budget > self.limits.max_admitted_tokens:
@@ -240,13 +329,13 @@ class ChatServer:
                 f"request too large: n x (prompt + max_tokens) = {budget} tokens, over this server's "
                 f"{self.limits.max_admitted_tokens} (--max-admitted-tokens)",
             )
-        rid = f"chatcmpl-{next(self._ids)}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         self.metrics.requests.inc()
         if include_usage is not None:
             async with self._admitted(budget):
-                return await self._stream(request, rid, messages, sampling, include_usage)
+                return await self._stream(request, rid, prompt, sampling, include_usage)
         async with self._admitted(budget):
-            task = asyncio.ensure_future(self.engine.generate(rid, messages, sampling))
+            task = asyncio.ensure_future(self.engine.generate(rid, prompt, sampling))
             try:
                 done = await asyncio.shield(task)
             except asyncio.CancelledError:  # the client went away: free the engine at once
@@ -260,17 +349,10 @@ class ChatServer:
         return web.json_response(
             {
                 "id": rid,
-                "object": "chat.completion",
+                "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()),
                 "model": self.model_name,
-                "choices": [
-                    {
-                        "index": o.index,
-                        "message": {"role": "assistant", "content": o.text},
-                        "finish_reason": o.finish_reason,
-                    }
-                    for o in done.outputs
-                ],
+                "choices": [_choice(o, chat, *extras) for o in done.outputs],
                 "usage": _usage(done),
             }
         )

@@ -8,9 +8,10 @@ import json
 
 import httpx
 
-from selective_rollout.integrations.agent_loop import LoopConfig, _chat, environment_task
-from selective_rollout.plugins import ENVS
+from selective_rollout.envs import ENVS
+from selective_rollout.integrations.agent_loop import LoopConfig, _reply, environment_task
 from selective_rollout.records import Task
+from selective_rollout.rollout.engines.openai_engine import OpenAIClient
 
 
 def recorded_chat(cfg: LoopConfig, stop: tuple[str, ...]) -> dict:
@@ -20,12 +21,13 @@ def recorded_chat(cfg: LoopConfig, stop: tuple[str, ...]) -> dict:
         bodies.append(json.loads(request.content))
         return httpx.Response(200, json={"choices": [{"message": {"content": "go"}}], "usage": {}})
 
-    async def call() -> dict:
+    async def call() -> str:
         transport = httpx.MockTransport(answer)
-        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/v1/") as client:
-            return await _chat(client, cfg, [{"role": "user", "content": "hi"}], 0, stop)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/v1/") as http:
+            reply = await _reply(OpenAIClient(http=http), cfg, [{"role": "user", "content": "hi"}], 0, stop)
+        return reply.completion.outputs[0].text
 
-    assert asyncio.run(call())["text"] == "go"
+    assert asyncio.run(call()) == "go"
     return bodies[0]
 
 

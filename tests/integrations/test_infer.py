@@ -34,9 +34,9 @@ def test_converged_samples_keep_one_survivor_and_save_tokens(base_url, tiny_game
 
 def test_an_error_from_the_endpoint_names_it(base_url, tiny_games) -> None:
     from alfworld_env import load_games
-    from selective_rollout.integrations.agent_loop import ChatEndpointError
+    from selective_rollout.rollout.engines.base import EngineError
 
     game = load_games(tiny_games, "train")[0].game_dir
     cfg = LoopConfig(model="no-such-model", max_steps=1, max_tokens=4)
-    with pytest.raises(ChatEndpointError, match="404"):
+    with pytest.raises(EngineError, match="chat/completions answered 404"):
         asyncio.run(compare(base_url, cfg, [game], g=2, gate=build_gate("none")))

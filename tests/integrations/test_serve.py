@@ -199,3 +199,23 @@ def test_a_client_that_leaves_mid_stream_aborts_its_generation(smollm2_path) -> 
     aborted, in_flight, generated, status = asyncio.run(scenario())
     assert (aborted, in_flight, status) == (1, 0, 200)
     assert generated < 2000  # the long reply was cut, not decoded to its end
+
+
+def test_the_completions_endpoint_takes_token_ids_and_names_what_it_refuses(base_url) -> None:
+    """A prompt of token ids is served (log-probs and ids on request); a text prompt, a stream, top
+    log-probs and a malformed choice list are one 400 each."""
+    with httpx.Client(base_url=base_url + "/", timeout=60) as c:
+        body = {"prompt": [1, 9690, 198], "max_tokens": 3, "temperature": 0, "logprobs": 0}
+        r = c.post("completions", json={**body, "return_token_ids": True}).json()
+        (choice,) = r["choices"]
+        assert r["object"] == "text_completion" and choice["token_ids"]
+        assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+        refused = {
+            "prompt": ({**body, "prompt": "hi"}, "templates only chat messages"),
+            "stream": ({**body, "stream": True}, "'stream' is served on /v1/chat/completions only"),
+            "top log-probs": ({**body, "logprobs": 2}, "'logprobs' must be 0 or null"),
+            "choices": ({**body, "structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+        }
+        for name, (bad, words) in refused.items():
+            r = c.post("completions", json=bad)
+            assert r.status_code == 400 and words in r.json()["error"]["message"], (name, r.text)

@@ -49,3 +49,23 @@ class VLLMParams(BackendParams):
         "trains on them: trainer.old_logprobs is engine, or driver.pipeline is async with "
         "trainer.policy_loss decoupled_ppo (the behaviour log-probs of stale tokens)",
     )
+
+
+class OpenAIParams(BackendParams):
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1",
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1 (this package's serve, "
+        "vllm serve, any chat/completions server)",
+    )
+    served_model: str | None = Field(
+        None, min_length=1, description="the name sent as 'model'; None: the server's first (GET /models)"
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="name of the environment variable holding the API key (never the key itself); "
+        "None: no Authorization header",
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="seconds one request may take, reply included")
+    max_connections: int = Field(64, ge=1, description="HTTP connections open to the server at once")
