@@ -182,8 +182,8 @@ def sync_seconds(model: Path, method: str, engines: int, repeats: int) -> dict:
         for _ in range(engines)
     ]
     try:
-        first = group.sync_weights(actors)  # includes building the process group
-        times = [group.sync_weights(actors) for _ in range(repeats)]
+        first = group.sync_weights(actors, 0)  # includes building the process group
+        times = [group.sync_weights(actors, 0) for _ in range(repeats)]
         expected = group.weights_checksum()
         ok = all(abs(ray.get(a.weights_checksum.remote()) - expected) <= 1e-6 * abs(expected) for a in actors)
         return {"first_s": first, "warm_s": statistics.median(times), "checksum_ok": ok}

@@ -9,34 +9,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
+from selective_rollout.process_memory import Location
 
 if TYPE_CHECKING:
     from selective_rollout.config import RunConfig
 
-Location = dict[str, Any]
 log = logging.getLogger(__name__)
-
-
-def here() -> Location:
-    """The Ray node, process and malloc of the caller (an actor method calls this on itself)."""
-    import ray
-
-    from selective_rollout.process_memory import malloc_in_use
-
-    ctx = ray.get_runtime_context()
-    return {
-        "node_id": ctx.get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),
-        "pid": os.getpid(),
-        "malloc": malloc_in_use(),
-    }
 
 
 def write_placement(run_dir: Path, placement: dict[str, list[Location]]) -> Path:

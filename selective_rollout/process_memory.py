@@ -13,11 +13,15 @@ metrics before a worker is killed.
 Work that runs once in a long-lived process and allocates gigabytes (the warm start's fine-tuning
 in the driver) runs in a fresh process instead (``in_fresh_process``): whatever the allocator,
 its memory goes back to the OS when that process ends, not at the end of the run.
+
+``here`` says where the calling process runs (Ray node, pid, allocator): what every actor reports
+for ``placement.json``, kept here, below the config, so that the engine contract can ask it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -90,3 +94,19 @@ def _log_to_queue(records: Any, level: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [QueueHandler(records)]
     root.setLevel(level)
+
+
+Location = dict[str, Any]  # a process's node, pid and allocator (placement.json)
+
+
+def here() -> Location:
+    """The Ray node, process and malloc of the caller (an actor method calls this on itself)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {
+        "node_id": ctx.get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "pid": os.getpid(),
+        "malloc": malloc_in_use(),
+    }

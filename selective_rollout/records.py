@@ -19,8 +19,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)  # schema 1: no policy_version (every group read as version 0)
+SCHEMA_VERSION = 3
+# schema 1: no policy_version (every group read as version 0); schema 2: no step version_runs
+# (every reply read as played at its group's version)
+READABLE_SCHEMAS = (1, 2, 3)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,6 +93,9 @@ class Step:
     completion_tokens: int = 0
     reward: float = 0.0
     done: bool = False
+    # the reply's tokens by policy version, as [version, tokens] runs in order; empty when every
+    # token has its group's version (weights that reach the engines mid-rollout make it differ)
+    version_runs: list[list[int]] = field(default_factory=list)
 
     @property
     def step_tokens(self) -> int:
@@ -226,6 +231,9 @@ class GroupRecord:
             t["status"] = TrajectoryStatus(t["status"]).value
             if t["stop"] is None:  # a line of a run without trajectory stops reads as before
                 del t["stop"]
+            for s in t["steps"]:
+                if not s["version_runs"]:  # a reply played at its group's version
+                    del s["version_runs"]
         return {"schema": SCHEMA_VERSION, **d}
 
     def to_json(self) -> str:
@@ -263,6 +271,18 @@ class GroupRecord:
             meta=dict(d.get("meta", {})),
             policy_version=int(d.get("policy_version", 0)),
         )
+
+
+def version_runs(versions: Sequence[int], group_version: int) -> list[list[int]]:
+    """A reply's per-token versions as ``Step.version_runs``: [version, tokens] runs in order, or
+    [] when every token has the group's version (what a line then omits)."""
+    runs: list[list[int]] = []
+    for v in versions:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return [] if all(v == group_version for v, _ in runs) else runs
 
 
 def _finite_or_none(value: Any, name: str) -> float | None:
@@ -384,6 +404,9 @@ class Experience:
     # positions without an entry were sampled from the model's whole vocabulary
     choice_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     policy_version: int = 0  # learner updates the weights that sampled it had seen (GroupRecord's)
+    # per token, where known: the policy version of the oldest weights its sampling depended on
+    # (CompletionOutput.versions; -1 on tokens the policy did not sample); empty: all policy_version
+    token_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -391,6 +414,11 @@ class Experience:
             raise ValueError(
                 f"experience {self.group_id}: token_ids ({n}), loss_mask ({len(self.loss_mask)}) "
                 f"and old_logprobs ({len(self.old_logprobs)}) must have one length"
+            )
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(
+                f"experience {self.group_id}: token_versions ({len(self.token_versions)}) must be "
+                f"empty or have one entry per token ({n})"
             )
         for pos, allowed in self.choice_sets.items():
             if not 0 <= pos < n or self.token_ids[pos] not in allowed:
@@ -404,6 +432,22 @@ class Experience:
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def token_lags(self, version: int) -> list[int]:
+        """Per token, how many updates the learner at policy ``version`` is ahead of the weights
+        that sampled it (0 where it is not a policy token); ``ValueError`` for a policy token
+        sampled by weights newer than the learner's."""
+        known = self.token_versions or [self.policy_version] * len(self.token_ids)
+        lags = [
+            version - (v if v >= 0 else self.policy_version) if m else 0
+            for v, m in zip(known, self.loss_mask, strict=True)
+        ]
+        if lags and min(lags) < 0:
+            raise ValueError(
+                f"experience {self.group_id}: a token of policy version {version - min(lags)} is newer "
+                f"than the learner's version {version}"
+            )
+        return lags
 
     def without_forced_tokens(self) -> Experience:
         """This experience with the tokens a constrained choice forced (one legal token) taken out of

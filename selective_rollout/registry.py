@@ -3,9 +3,9 @@ back-ends and the learner's loss components are each a ``Registry`` of entries b
 
 An entry is a class named three ways, all loaded the same lazy way:
 
-- a ``"module:Class"`` string (``REGISTRY.add``): the shipped entries, listed in
-  ``selective_rollout.plugins``; the module is imported only when the entry is used or its
-  parameters are read;
+- a ``"module:Class"`` line of the package's catalog (``selective_rollout.plugins``, data that
+  imports nothing; each registry reads its own part on first use): the shipped entries, whose
+  modules are imported only when the entry is used or its parameters are read;
 - an entry point of the registry's group in an installed package's metadata (``[project.entry-points.
   "selective_rollout.gates"] my_gate = "my_pkg.gates:MyGate"``): a third party plugs in without
   editing this package;
@@ -19,9 +19,10 @@ coordinator, engines, learners) never see it.
 Each entry owns a pydantic ``Params`` model: its parameters with their defaults, bounds and
 descriptions, which config validation and the configuration reference read. The model may live in
 a module of its own (``params="module:Model"``) when the entry's module is heavy (a back-end
-imports torch), so that a config validates without importing what it configures. An entry is
-built in one way, ``REGISTRY.build(name, params, **context)``, and an unknown name gets one error
-with a "did you mean".
+imports torch), so that a config validates without importing what it configures. Each registry
+is declared by the contract it holds (``GATES`` beside ``Gate``). Parameters are bound one way,
+``bind`` (``REGISTRY.build(name, params, **context)`` uses it), and worded one way when bad,
+``describe_errors``; an unknown name gets one error with a "did you mean".
 """
 
 from __future__ import annotations
@@ -29,64 +30,74 @@ from __future__ import annotations
 import difflib
 import importlib
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic.fields import FieldInfo
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
 
 
-def _bounds(info: FieldInfo) -> str:
-    """A numeric field's range in words ("in [0.0, 1.0]", ">= 1"), from its Field constraints."""
-    ge = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
-    le = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
-    if ge is not None and le is not None:
-        return f"in [{ge}, {le}]"
-    return f">= {ge}" if ge is not None else f"<= {le}"
+_BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
-def params_error(kind: str, name: str, model: type[BaseModel], err: ValidationError) -> ValueError:
-    """One line naming each bad parameter of entry ``name`` of ``kind`` (a gate, a trajectory stop
-    rule), worded for a person building one in code (the run config reports the same errors
-    through its own key-naming formatter)."""
+def describe_errors(
+    err: ValidationError,
+    *,
+    owner: str = "",
+    known: Iterable[str] = (),
+    hint: Callable[[tuple[Any, ...]], str] | None = None,
+) -> str:
+    """A validation error as one line, one clause per bad value: the wording of every error a
+    person gets for a parameter, whether it came from a run config (keys named ``section.key``,
+    ``hint`` suggesting the key meant) or from an entry built in code (``owner`` names it, "gate
+    'stalled'", and ``known`` lists its parameters for a key it does not have)."""
+    prefix = f"{owner}: " if owner else ""
     parts = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if not e["loc"]:  # a check across parameters (e.g. steps against k), or a model file's
-            parts.append(f"{kind} {name!r}: {str(e['msg']).removeprefix('Value error, ')}")
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        message = str(e["msg"]).removeprefix("Value error, ")
+        bound = next((k for k in _BOUNDS if k in e.get("ctx", {})), None)
+        if not loc:  # a check across parameters (steps against k, say)
+            parts.append(f"{prefix}{message}")
+        elif e["type"] == "extra_forbidden" and owner:
+            parts.append(f"{owner} has no parameter {key!r} (it has: {', '.join(known)})")
         elif e["type"] == "extra_forbidden":
-            known = ", ".join(model.model_fields)
-            parts.append(f"{kind} {name!r} has no parameter {key!r} (it has: {known})")
-        elif e["type"] in ("greater_than_equal", "less_than_equal") and key in model.model_fields:
-            parts.append(f"{kind} {key} must be {_bounds(model.model_fields[key])}, got {e['input']!r}")
+            parts.append(f"{key}: unknown key{hint(loc) if hint else ''}")
+        elif bound is not None:
+            parts.append(f"{prefix}{key} must be {_BOUNDS[bound]} {e['ctx'][bound]} (got {e['input']!r})")
+        elif isinstance(e.get("input"), Mapping):  # a check over a whole section: its message says it
+            parts.append(f"{prefix}{key}: {message}")
         else:
-            parts.append(f"{kind} {key}: {e['msg']}, got {e['input']!r}")
-    return ValueError("; ".join(parts))
+            parts.append(f"{prefix}{key}: {message} (got {e.get('input')!r})")
+    return "; ".join(parts)
 
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def bind_params(
-    kind: str, name: str, model: type[M], params: BaseModel | None, values: Mapping[str, Any]
-) -> M:
-    """An entry's parameters as its ``model``: ``params`` itself when already one (what ``build``
-    passes), else ``params``' fields or the keyword ``values`` validated by ``model``, a bad one
-    raising ``params_error``'s one line. Gates and trajectory stop rules are built both ways: by
-    their registry from a config section, and in code with keyword arguments."""
-    if params is not None and values:
-        raise TypeError(f"{kind} {name!r}: pass its parameters as one model or as keywords, not both")
-    if isinstance(params, model):
-        return params
+def bind(model: type[M], source: object = None, *, owner: str, **values: Any) -> M:
+    """The one way an entry's parameters are bound: ``model`` validated from ``source`` (an
+    instance of ``model``, kept as it is; a mapping of exactly its parameters; or an object such
+    as a config section holding them among others, each read by name, missing ones at their
+    default) or from the keyword ``values``. A bad value raises ``ValueError`` with
+    ``describe_errors``' one line naming ``owner``."""
+    if source is not None and values:
+        raise TypeError(f"{owner}: pass its parameters as one model or as keywords, not both")
+    if isinstance(source, model):
+        return source
+    if source is None or isinstance(source, Mapping):
+        data = dict(source or values)
+    else:
+        data = {key: getattr(source, key) for key in model.model_fields if hasattr(source, key)}
     try:
-        return model.model_validate(params.model_dump() if params is not None else dict(values))
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise params_error(kind, name, model, exc) from None
+        raise ValueError(describe_errors(exc, owner=owner, known=model.model_fields)) from None
 
 
 def load(target: str) -> Any:
@@ -114,8 +125,10 @@ class Registry(Mapping[str, type], Generic[T]):
     ``"module:Class"``) are what an entry and its ``Params`` must subclass, checked when the entry
     is loaded; ``params_attr`` is the class attribute holding its ``Params`` (None: the entry is
     its own params model, as the learner's loss components are); ``check`` (``"module:func"``,
-    ``func(name, cls)``) adds a kind's own refusals (raise TypeError). Everything is named by
-    string so that declaring a registry imports nothing of the kind it holds."""
+    ``func(name, cls)``) adds a kind's own refusals (raise TypeError); ``catalog``
+    (``"module:NAME"``) is the mapping of shipped entries, name to ``"module:Class"`` or to
+    ``{"target": ..., "params": ..., **meta}``. Everything is named by string so that declaring a
+    registry imports nothing of the kind it holds."""
 
     def __init__(
         self,
@@ -126,10 +139,12 @@ class Registry(Mapping[str, type], Generic[T]):
         params_base: str | None = None,
         params_attr: str | None = "Params",
         check: str | None = None,
+        catalog: str | None = None,
     ) -> None:
         self.kind, self.group = kind, group
         self._base, self._params_base = base, params_base
         self._params_attr, self._check = params_attr, check
+        self._catalog = catalog
         self._entries: dict[str, _Entry] = {}
         self._plugins_loaded = False
 
@@ -171,10 +186,15 @@ class Registry(Mapping[str, type], Generic[T]):
         self._entries[name] = entry
 
     def _load_plugins(self) -> None:
-        """The entry points of ``group`` in installed packages, registered once on first use."""
+        """The catalog's lines, then the entry points of ``group`` in installed packages,
+        registered once on first use."""
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
+        lines: Mapping[str, str | Mapping[str, str]] = load(self._catalog) if self._catalog else {}
+        for name, line in lines.items():
+            spec = {"target": line} if isinstance(line, str) else dict(line)
+            self.add(name, spec.pop("target"), params=spec.pop("params", None), **spec)
         for point in entry_points(group=self.group):
             dist = point.dist.name if point.dist is not None else "an installed package"
             if point.name in self._entries:
@@ -186,12 +206,12 @@ class Registry(Mapping[str, type], Generic[T]):
 
     # ------------------------------------------------------------------ looking up
     def __iter__(self) -> Iterator[str]:
+        """The registered names (a class named by its path is found, not listed)."""
         self._load_plugins()
-        return iter(sorted(self._entries))
+        return iter(sorted(name for name in self._entries if name.count(":") != 1))
 
     def __len__(self) -> int:
-        self._load_plugins()
-        return len(self._entries)
+        return sum(1 for _ in self)
 
     def __contains__(self, name: object) -> bool:
         self._load_plugins()
@@ -249,14 +269,7 @@ class Registry(Mapping[str, type], Generic[T]):
         unknown key is refused), an instance of its ``Params``, or an object such as a config
         section that holds them among others (each read by name, missing ones at their default);
         ``context`` is what the kind passes besides (a strategy's seed)."""
-        model = self.params(name)
-        if isinstance(source, model):
-            bound = source
-        elif source is None or isinstance(source, Mapping):
-            bound = model.model_validate(dict(source or {}))
-        else:
-            held = {key: getattr(source, key) for key in model.model_fields if hasattr(source, key)}
-            bound = model.model_validate(held)
+        bound = bind(self.params(name), source, owner=f"{self.kind} {name!r}")
         cls = self.get(name)
         if self._params_attr is None:  # the entry is its own params model
             return cls.model_validate(bound.model_dump())  # type: ignore[no-any-return]

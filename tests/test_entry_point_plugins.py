@@ -71,7 +71,9 @@ CHECK = textwrap.dedent(
     import torch
     from selective_rollout.config import load_config
     from selective_rollout.gate.base import GroupView
-    from selective_rollout.plugins import GATES, POLICY_LOSSES, STRATEGIES
+    from selective_rollout.gate.base import GATES
+    from selective_rollout.learner.losses import POLICY_LOSSES
+    from selective_rollout.rollout.strategies import STRATEGIES
 
     cfg = load_config(
         "configs/cpu_default.yaml",

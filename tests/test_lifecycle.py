@@ -127,10 +127,11 @@ def test_a_log_written_before_the_lifecycle_still_reads_unchanged():
     lines = V1_LOG.read_text().splitlines()
     groups = list(read_groups(V1_LOG))
     assert [(g.outcome, g.zero_variance, g.trained_on) for g in groups] == V1_GROUPS
-    # written again, every line is the same JSON but for what schema 2 adds: its number and the
-    # policy version, 0 for a line written before versions were logged
+    # written again, every line is the same JSON but for what later schemas add: its number and
+    # the policy version, 0 for a line written before versions were logged (a step's version runs
+    # are written only where a reply's versions differ from its group's: never here)
     again = [g.to_dict() for g in groups]
-    assert all(d.pop("schema") == 2 and d.pop("policy_version") == 0 for d in again)
+    assert all(d.pop("schema") == 3 and d.pop("policy_version") == 0 for d in again)
     assert again == [{k: v for k, v in json.loads(line).items() if k != "schema"} for line in lines]
 
 

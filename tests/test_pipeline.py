@@ -17,6 +17,7 @@ class FakeRun:
     in the order the driver would see them."""
 
     events: list[str] = field(default_factory=list)
+    synced: list[int] = field(default_factory=list)  # the policy version each sync sent
     in_flight: int = 0
     most_in_flight: int = 0
 
@@ -32,15 +33,20 @@ class FakeRun:
         self.events.append(f"done {iteration}")
         return RolloutBatch([], [], {}, tasks_consumed=3)
 
-    def sync(self) -> float:
+    def sync(self, version: int) -> float:
         self.events.append("sync")
+        self.synced.append(version)
         return 0.5
 
 
-def run_loop(kind: str, bound: int, iterations: int, eval_at: set[int] = frozenset()) -> tuple[FakeRun, list]:
+def run_loop(
+    kind: str, bound: int, iterations: int, eval_at: set[int] = frozenset(), in_flight: bool = False
+) -> tuple[FakeRun, list]:
     """The driver's use of the pipeline: take, prefetch, train (one update each), maybe evaluate."""
     fake = FakeRun()
-    pipe = RolloutPipeline(kind, bound, fake.start, fake.wait, fake.sync, version=0, cursor=0)
+    pipe = RolloutPipeline(
+        kind, bound, fake.start, fake.wait, fake.sync, version=0, cursor=0, sync_in_flight=in_flight
+    )
     trained = []
     for it in range(iterations):
         collected = pipe.take(it)
@@ -62,6 +68,7 @@ def test_sync_trains_every_batch_on_the_version_that_played_it():
     assert [s for _, _, s in trained] == [0, 0, 0, 0]
     assert fake.events[:6] == ["start 0 v0 @0", "done 0", "train 0", "sync", "start 1 v1 @3", "done 1"]
     assert fake.most_in_flight == 1
+    assert fake.synced == [1, 2, 3, 4]  # each sync sends the learner's version, which the engines then serve
 
 
 def test_async_plays_the_next_batch_while_the_learner_trains():
@@ -86,6 +93,20 @@ def test_a_slow_learner_never_pushes_staleness_past_the_bound(bound):
     # one sync per `bound` updates: rollout k starts when k - 1 updates are done, and the engines
     # move to the newest version only when the bound binds (k - engines > bound), at k = b+1, 2b+1...
     assert fake.events.count("sync") == (12 - 2) // bound
+
+
+def test_sync_in_flight_sends_every_update_at_once_while_the_next_rollout_plays():
+    """Each update reaches the engines as soon as it is made, the rollout that started before it
+    still in flight: that rollout's group version is the one it started under (lag 1 at training),
+    and no rollout ever waits for a sync before it starts."""
+    fake, trained = run_loop("async", 3, 6, in_flight=True)
+    assert fake.events[:6] == ["start 0 v0 @0", "done 0", "start 1 v0 @3", "train 0", "sync", "done 1"]
+    assert [s for _, _, s in trained] == [0, 1, 1, 1, 1, 1]  # within one update, whatever the bound
+    assert fake.synced == [1, 2, 3, 4, 5, 6]
+    # every start follows the previous batch's collection directly, never a sync
+    for i, event in enumerate(fake.events):
+        if event.startswith("start") and i:
+            assert fake.events[i - 1].startswith("done")
 
 
 def test_evaluation_waits_for_the_rollout_in_flight_and_scores_the_latest_weights():

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from selective_rollout.config.base import EntrySection
 from selective_rollout.config.schema import RunConfig, move_renamed_sections
+from selective_rollout.registry import describe_errors
 
 log = getLogger(__name__)
 
@@ -37,7 +38,12 @@ def _section_keys(section: str) -> list[str]:
         return []
     keys = list(model.model_fields)
     if issubclass(model, EntrySection):
-        keys += [key for entry in model.names() for key in model.own_params(entry)]
+        keys += [
+            key
+            for selector in model.selectors()
+            for entry in model.names(selector)
+            for key in model.own_params(entry, selector)
+        ]
     return keys
 
 
@@ -54,19 +60,6 @@ def _did_you_mean(loc: Sequence[Any]) -> str:
     return f" (did you mean {section}.{close[0]}?)" if close else ""
 
 
-def _format_validation_error(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
-            parts.append(f"{key}: unknown key{_did_you_mean(e['loc'])}")
-        elif not e["loc"]:
-            parts.append(str(e["msg"]).removeprefix("Value error, "))
-        else:
-            parts.append(f"{key}: {str(e['msg']).removeprefix('Value error, ')} (got {e.get('input')!r})")
-    return "; ".join(parts)
-
-
 def _drop_replaced_entry_keys(base: Any, overrides: Any) -> None:
     """An override that selects another entry (``engine.backend=vllm`` over a file with
     ``backend: transformers``, ``gate.name=two_axis``) replaces the file's entry, and with it the
@@ -80,13 +73,14 @@ def _drop_replaced_entry_keys(base: Any, overrides: Any) -> None:
         old_section, new_section = base.get(name), overrides.get(name)
         if not (OmegaConf.is_dict(old_section) and OmegaConf.is_dict(new_section)):
             continue
-        default = section.model_fields[section.selector].default
-        old, new = old_section.get(section.selector, default), new_section.get(section.selector)
-        if new is None or new == old or not section.selectable(old):
-            continue
-        keep = section.own_params(new) if section.selectable(new) else {}
-        for key in set(section.own_params(old)) - set(keep):
-            old_section.pop(key, None)
+        for key in section.selectors():
+            default = section.model_fields[key].default
+            old, new = old_section.get(key, default), new_section.get(key)
+            if new is None or new == old or not section.selectable(old, key):
+                continue
+            keep = section.own_params(new, key) if section.selectable(new, key) else {}
+            for param in set(section.own_params(old, key)) - set(keep):
+                old_section.pop(param, None)
 
 
 def load_config(
@@ -136,7 +130,7 @@ def load_config(
     try:
         cfg = RunConfig.model_validate(data or {})
     except ValidationError as exc:
-        raise ConfigError(f"config error: {_format_validation_error(exc)}") from None
+        raise ConfigError(f"config error: {describe_errors(exc, hint=_did_you_mean)}") from None
     if cfg.driver.pipeline == "async" and cfg.trainer.policy_loss == "ppo_clip":
         log.warning(
             "config: driver.pipeline=async trains tokens sampled by older weights, and "

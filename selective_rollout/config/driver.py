@@ -4,7 +4,7 @@ The driver's section is ``driver:``, the learner's ``trainer:``."""
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from selective_rollout.config.base import Section
 
@@ -39,12 +39,27 @@ class DriverConfig(Section):
         description="async: how many learner updates a trained batch's rollout weights may lag "
         "behind; the weights are synced only as often as the bound needs",
     )
+    sync_in_flight: bool = Field(
+        False,
+        description="async: send each update to the engines as soon as it is made, while the next "
+        "rollout is in flight (its later turns, on vLLM its later tokens too, are sampled by the new "
+        "weights; each token carries its version), instead of between two rollouts",
+    )
     update_check: bool = Field(
         False,
         description="after the start-up sync, take one optimiser step on a constructed group whose "
         "rewards differ and require the engines to serve the moved weights (smoke checks and "
         "rehearsals: it changes the policy the run starts from; selective_rollout.driver.update_check)",
     )
+
+    @model_validator(mode="after")
+    def _in_flight_needs_async(self) -> "DriverConfig":
+        if self.sync_in_flight and self.pipeline != "async":
+            raise ValueError(
+                "driver.sync_in_flight=true needs driver.pipeline=async: a sync pipeline has no "
+                "rollout in flight while the learner updates"
+            )
+        return self
 
 
 class EvalConfig(Section):

@@ -11,12 +11,8 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.plugins import BACKENDS
 from selective_rollout.registry import Registry
-
-# Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
-MIN_TEMPERATURE = 1e-2
-MAX_TEMPERATURE = 100.0
+from selective_rollout.rollout.engines.base import BACKENDS, MAX_TEMPERATURE, MIN_TEMPERATURE
 
 
 class EngineConfig(EntrySection):

@@ -4,7 +4,7 @@ many env workers.
 The section holds what every environment shares (``name``, the workers, stop strings) and, as
 flat keys, the parameters of the selected environment (``env.preset=medium`` for ALFWorld,
 ``env.games_dir`` for an environment of game folders, ``env.data_files`` for skyrl-gym), declared
-by the environment's own ``Params`` model (read through ``plugins.ENVS``): a new environment
+by the environment's own ``Params`` model (read through ``ENVS``): a new environment
 needs no change here.
 """
 
@@ -15,8 +15,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.envs.base import Environment, EnvParams
-from selective_rollout.plugins import ENVS
+from selective_rollout.envs.base import ENVS, Environment, EnvParams
 from selective_rollout.registry import Registry
 
 _SHARED = EnvParams.model_fields

@@ -2,7 +2,7 @@
 
 The section holds what every gate shares (``name``, ``k``, ``mode``) and, as flat keys, the
 parameters of the selected gate (``gate.tau=0.1``). Those are declared by the gate itself (its
-``Params`` model, read through ``plugins.GATES``), so a new gate needs no change here:
+``Params`` model, read through ``GATES``), so a new gate needs no change here:
 ``EntrySection`` checks the keys against the registry and validates them with the gate's own
 model, without building the gate.
 """
@@ -15,8 +15,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.gate.base import Gate, GateParams, Mode
-from selective_rollout.plugins import GATES
+from selective_rollout.gate.base import GATES, Gate, GateParams, Mode
 from selective_rollout.registry import Registry
 
 
@@ -58,15 +57,15 @@ class GateConfig(EntrySection):
         return paths
 
     @classmethod
-    def selectable(cls, name: str) -> bool:
+    def selectable(cls, name: str, key: str | None = None) -> bool:
         """The gates a run can use: those that need final rewards are for offline evaluation."""
         return name in GATES and not GATES.get(name).offline_only
 
     @classmethod
-    def unknown(cls, name: str) -> str:
+    def unknown(cls, name: str, key: str | None = None) -> str:
         if name in GATES:
             return f"gate {name!r} needs final rewards (offline only); use one of {cls.names()}"
-        return super().unknown(name)
+        return super().unknown(name, key)
 
     def build(self) -> Gate:
         """The selected gate with the shared parameters and its own (what the coordinator runs,

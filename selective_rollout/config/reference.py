@@ -16,8 +16,6 @@ from pydantic.fields import FieldInfo
 
 from selective_rollout.config.base import EntrySection
 from selective_rollout.config.schema import RunConfig
-from selective_rollout.config.trainer import TrainerConfig
-from selective_rollout.plugins import LOSS_REGISTRIES
 
 INTRO = """# Configuration reference
 
@@ -78,24 +76,15 @@ def _entry_rows(heading: str, doc: str | None, fields: dict[str, FieldInfo], pre
 
 
 def _selected_entry_rows(section: type[EntrySection], prefix: str) -> list[str]:
-    """Each entry a section can select (gates, strategies, engine back-ends) with its own
-    parameters, read from its ``Params`` model (flat keys of the section, accepted only with that
-    entry selected). The registries above config are read when this runs, as validation does."""
+    """Each entry a section can select (gates, strategies, engine back-ends, loss components) with
+    its own parameters, read from its ``Params`` model (flat keys of the section, accepted only
+    with that entry selected); its description is its class's docstring. The registries above
+    config are read when this runs, as validation does."""
     out = []
-    for name in section.names():
-        doc, fields = section.registry.get(name).__doc__, section.own_params(name)
-        out += _entry_rows(f"{prefix}{section.selector}: {name}", doc, fields, prefix)
-    return out
-
-
-def _loss_rows(prefix: str) -> list[str]:
-    """Each registered policy loss, aggregation, KL estimator and advantage estimator with its
-    parameters (flat keys of the trainer section); its description is its class's docstring."""
-    out = []
-    for key, registry in LOSS_REGISTRIES.items():
-        for name in sorted(registry):
-            fields = registry.params(name).model_fields
-            out += _entry_rows(f"{prefix}{key}: {name}", registry.get(name).__doc__, fields, prefix)
+    for key, registry in section.selectors().items():
+        for name in section.names(key):
+            doc, fields = registry.get(name).__doc__, section.own_params(name, key)
+            out += _entry_rows(f"{prefix}{key}: {name}", doc, fields, prefix)
     return out
 
 
@@ -115,8 +104,6 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         out += rows + [""]
     if issubclass(model, EntrySection):
         out += _selected_entry_rows(model, prefix)
-    if model is TrainerConfig:
-        out += _loss_rows(prefix)
     for section_prefix, section in sections:
         out += _rows(section, section_prefix + ".")
     return out

@@ -1,6 +1,6 @@
 """Config of the rollout source (selective_rollout.rollout: the coordinator or the lock-step loop).
 
-``rollout.strategy`` names an entry of the strategy registry (``plugins.STRATEGIES``)
+``rollout.strategy`` names an entry of the strategy registry (``STRATEGIES``)
 and the selected strategy's own parameters are flat keys of this section (``rollout.preskip_window``),
 declared by the strategy's ``Params``, so a new strategy needs no change here.
 """
@@ -10,8 +10,9 @@ from typing import ClassVar
 from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.plugins import ROLLOUT_MODES, STRATEGIES
 from selective_rollout.registry import Registry
+from selective_rollout.rollout.source import ROLLOUT_MODES
+from selective_rollout.rollout.strategies import STRATEGIES
 
 
 class RolloutConfig(EntrySection):

@@ -1,55 +1,12 @@
 """Config of the learner (selective_rollout.learner): GRPO objective, DeepSpeed, LoRA, sync, checkpoints."""
 
-from functools import cache
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    create_model,
-    field_validator,
-    model_validator,
-)
-from pydantic.fields import FieldInfo
+from pydantic import Field, field_validator
 
-from selective_rollout.config.base import Section
-from selective_rollout.plugins import LOSS_REGISTRIES
-
-
-def loss_parameters() -> dict[str, FieldInfo]:
-    """Every registered loss component's parameters by name (read from their ``Params`` models,
-    without importing torch). Keys are flat, so two components may share a name only with the
-    same declaration."""
-    out: dict[str, FieldInfo] = {}
-    owner: dict[str, str] = {}
-    for registry in LOSS_REGISTRIES.values():
-        for name in registry:
-            for key, field in registry.params(name).model_fields.items():
-                if key in out and repr(out[key]) != repr(field):
-                    raise ValueError(
-                        f"parameter {key!r} is declared differently by {owner[key]} "
-                        f"and {registry.kind} {name!r}"
-                    )
-                out[key], owner[key] = field, f"{registry.kind} {name!r}"
-    return out
-
-
-def _loss_parameters_model() -> type[BaseModel]:
-    """A strict model of all loss parameters with their defaults: validating the ``trainer.*`` keys
-    the section does not declare with it refuses the unknown ones by name. Built once per set of
-    registered components (a test or a plug-in may register more)."""
-    return _model_for(tuple((name, r.params(name)) for r in LOSS_REGISTRIES.values() for name in r))
-
-
-@cache
-def _model_for(entries: tuple[tuple[str, type[BaseModel]], ...]) -> type[BaseModel]:
-    del entries  # the cache key: the registered components and their parameter models
-    fields = {key: (field.annotation, field) for key, field in loss_parameters().items()}
-    return create_model(  # type: ignore[call-overload]
-        "LossParameters", __config__=ConfigDict(extra="forbid"), **fields
-    )
+from selective_rollout.config.base import EntrySection, Section
+from selective_rollout.learner.losses import LOSS_REGISTRIES
+from selective_rollout.registry import Registry
 
 
 class LoraConfig(Section):
@@ -63,17 +20,14 @@ class LoraConfig(Section):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
-class TrainerConfig(Section):
+class TrainerConfig(EntrySection):
     """The learner: GRPO objective, optimiser, DeepSpeed, LoRA, weight sync, checkpoints.
 
-    Besides the keys declared here, the parameters of the registered policy losses, aggregations,
-    KL estimators and advantage estimators (``selective_rollout.plugins``) are keys of this
-    section, e.g. ppo_clip's ``clip_low`` and ``clip_high``, grpo's ``advantage_eps``; any other key
-    is refused."""
+    Besides the keys declared here, the selected policy loss', aggregation's, KL estimator's and
+    advantage estimator's own parameters are keys of this section, e.g. ppo_clip's ``clip_low``
+    and ``clip_high``, grpo's ``advantage_eps``; any other key is refused by name."""
 
-    model_config = ConfigDict(extra="allow")  # only the loss parameters, checked by _loss_parameters
-
-    # policy objective: each name is an entry of its registry in selective_rollout.plugins
+    # policy objective: each name is an entry of its registry (selective_rollout.learner.losses)
     advantage: str = Field(
         "grpo", description="group-relative advantage estimator: grpo, drgrpo (learner/losses/advantage.py)"
     )
@@ -135,25 +89,9 @@ class TrainerConfig(Section):
     keep_checkpoints: int = Field(2, ge=1)
     resume: Literal["auto", "never"] = "auto"
 
-    @model_validator(mode="before")
     @classmethod
-    def _loss_parameters(cls, data: Any) -> Any:
-        """Keys this section does not declare must be parameters of a registered loss entry;
-        they are validated by the entry's declaration (an unknown key is refused by name) and the
-        missing ones take its default, so ``cfg.clip_high`` always reads a checked value."""
-        if not isinstance(data, dict):
-            return data
-        declared = {key: value for key, value in data.items() if key in cls.model_fields}
-        given = {key: value for key, value in data.items() if key not in cls.model_fields}
-        return {**declared, **_loss_parameters_model().model_validate(given).model_dump()}
-
-    @field_validator("advantage", "policy_loss", "loss_agg", "kl_estimator")
-    @classmethod
-    def _registered(cls, value: str, info: ValidationInfo) -> str:
-        registry = LOSS_REGISTRIES[info.field_name]
-        if value not in registry:
-            raise ValueError(registry.unknown(value))
-        return value
+    def selectors(cls) -> dict[str, Registry]:
+        return LOSS_REGISTRIES
 
     @field_validator("adam_betas")
     @classmethod

@@ -3,7 +3,7 @@
 The section holds the selector ``name``, what every rule shares (``min_step``), the target of the
 rule's audits (``audit_target``) and, as flat keys, the selected rule's own parameters
 (``trajectory_stop.min_winners=2``), declared by the rule's ``Params`` model and checked by
-``EntrySection`` through ``plugins.TRAJECTORY_STOPS``, so a new rule needs no change here.
+``EntrySection`` through ``TRAJECTORY_STOPS``, so a new rule needs no change here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.plugins import TRAJECTORY_STOPS
 from selective_rollout.registry import Registry
-from selective_rollout.trajectory_stop.base import TrajectoryRule, TrajectoryStopParams
+from selective_rollout.trajectory_stop.base import TRAJECTORY_STOPS, TrajectoryRule, TrajectoryStopParams
 
 
 class TrajectoryStopConfig(EntrySection):

@@ -91,6 +91,7 @@ class RunActors:
         from selective_rollout.rollout.engines import create_engines
 
         self.cfg, self.run_dir = cfg, run_dir
+        self.weights_version = 0  # the policy version the engines serve (a replacement gets it too)
         self.model_path, self.actor_model, self.local_ray = model_path, actor_model, local_ray
         place = cfg.placement
         self.engines = create_engines(
@@ -150,15 +151,16 @@ class RunActors:
             (engine,) = create_engines(
                 self.cfg.engine, self.actor_model, 1, self.cfg.placement.engine_options(self.local_ray)
             )
-            self.learner.sync_weights([engine])
+            self.learner.sync_weights([engine], self.weights_version)
             self.verify_served_weights({f"engine {index}": engine})
             self.engines[index] = engine
             ray.get(self.coordinator.replace_engine.remote(index, engine), timeout=60)
             self.engine_restarts += 1
             log.warning("engine %d died; replaced by a fresh engine with the current weights", index)
 
-    def sync_weights(self, attempts: int = 3) -> float:
-        """Send the learner's weights to every engine; returns the seconds the successful sync took.
+    def sync_weights(self, version: int, attempts: int = 3) -> float:
+        """Send the learner's weights, policy version ``version``, to every engine; returns the
+        seconds the successful sync took.
 
         An engine that dies during the sync makes it fail within about a second
         (``WeightSyncFailed``, instead of the collective's 300 s timeout): it is replaced like any
@@ -168,7 +170,8 @@ class RunActors:
 
         for attempt in range(1, attempts + 1):
             try:
-                seconds = self.learner.sync_weights(self.engines)
+                self.weights_version = version
+                seconds = self.learner.sync_weights(self.engines, version)
                 self.verify_served_weights({f"engine {i}": e for i, e in enumerate(self.engines)})
                 return seconds
             except WeightSyncFailed as exc:

@@ -105,7 +105,7 @@ class Driver:
         if extra is not None:
             self.state.update(extra)
             log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
-        seconds = self.actors.sync_weights()
+        seconds = self.actors.sync_weights(int(self.state.get("policy_version", 0)))
         log.info("weight sync at start-up: %.1f s", seconds)
 
     def check_update(self) -> dict[str, float]:
@@ -125,7 +125,7 @@ class Driver:
         before = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
         trained = self.learner.train_step(batch)
         self.state["policy_version"] = self.state.get("policy_version", 0) + 1
-        self.actors.sync_weights()
+        self.actors.sync_weights(self.state["policy_version"])
         after = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
         metrics = update_check.verdict(trained, update_check.served_shift(before, after))
         metrics["check/served_logprob_gap"] = self.actors.served_gap
@@ -170,6 +170,7 @@ class Driver:
             self.actors.sync_weights,
             version=int(self.state.get("policy_version", 0)),
             cursor=int(self.state["cursor"]),
+            sync_in_flight=self.cfg.driver.sync_in_flight,
         )
         self._taken: dict[str, dict[str, Any]] | None = None  # async: the engines' health at the last batch
 

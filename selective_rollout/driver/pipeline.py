@@ -1,8 +1,10 @@
 """How rollouts and learner updates interleave (``driver.pipeline``), and which weights play what.
 
 A *policy version* counts the learner's updates. The engines serve one version at a time; a
-rollout is played under the version the engines served when it started, and every group and
-experience it yields carries that version (``GroupRecord.policy_version``).
+rollout starts under the version the engines serve, and every group and experience it yields
+carries that version (``GroupRecord.policy_version``); each token also carries the version of the
+oldest weights its sampling depended on (``Experience.token_versions``), which differs from its
+group's only where weights reached the engines mid-rollout.
 
 - ``sync``: an iteration rolls out, trains, then syncs the new weights at once; the engines wait
   while the learner trains and the learner waits while they roll out; every batch is trained at
@@ -15,9 +17,13 @@ experience it yields carries that version (``GroupRecord.policy_version``).
   the bound; otherwise the engines are synced first. Staleness therefore never exceeds the bound,
   and no group is dropped for it.
 
-Weights never move while a rollout is in flight, so a group is played under one version
-throughout. Evaluation first lets the rollout in flight finish (its batch is kept for its
-iteration), then syncs, so that it always scores the learner's latest weights.
+By default weights never move while a rollout is in flight, so a group is played under one
+version throughout. With ``driver.sync_in_flight`` (async only) each update is sent to the engines
+as soon as it is made, while the next rollout plays: its later turns (on vLLM, which recomputes a
+reply's KV, its later tokens too) are sampled by the newer weights, so staleness stays at most one
+update whatever the bound, at the price of a sync per update. Evaluation first lets the rollout in
+flight finish (its batch is kept for its iteration), then syncs, so that it always scores the
+learner's latest weights.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from selective_rollout.rollout.source import RolloutBatch
 
 Start = Callable[[int, int, int], Any]  # (iteration, task cursor, version) -> a handle on the rollout
 Wait = Callable[[Any, int], RolloutBatch]  # (handle, iteration) -> its batch
-Sync = Callable[[], float]  # send the learner's weights to the engines; seconds taken
+Sync = Callable[[int], float]  # send the learner's weights (this policy version) to the engines; seconds
 
 
 @dataclass
@@ -65,10 +71,12 @@ class RolloutPipeline:
         sync: Sync,
         version: int,
         cursor: int,
+        sync_in_flight: bool = False,
     ) -> None:
         """``version``: the learner's, which the engines serve at this point (they were just
-        synced); ``cursor``: the task stream's position of the next rollout."""
-        self.kind, self.max_staleness = kind, max_staleness
+        synced); ``cursor``: the task stream's position of the next rollout; ``sync_in_flight``:
+        send every update at once, a rollout in flight or not (``driver.sync_in_flight``)."""
+        self.kind, self.max_staleness, self.sync_in_flight = kind, max_staleness, sync_in_flight
         self._start, self._wait, self._sync = start, wait, sync
         self.learner_version = self.engine_version = version
         self.cursor = cursor
@@ -93,10 +101,11 @@ class RolloutPipeline:
             self._launch(iteration, ahead=1)
 
     def updated(self) -> None:
-        """The learner took an update: ``sync`` sends it to the engines at once; ``async`` leaves
-        it to the next rollout's start (or an evaluation)."""
+        """The learner took an update: ``sync`` and ``sync_in_flight`` send it to the engines at
+        once (the latter while a rollout may be in flight); ``async`` leaves it to the next
+        rollout's start (or an evaluation)."""
         self.learner_version += 1
-        if self.kind == "sync":
+        if self.kind == "sync" or self.sync_in_flight:
             self._sync_engines()
 
     def serve_latest(self) -> None:
@@ -137,7 +146,7 @@ class RolloutPipeline:
         return Collected(flight.iteration, batch, flight.version, time.perf_counter() - started)
 
     def _sync_engines(self) -> None:
-        self.sync_s += self._sync()
+        self.sync_s += self._sync(self.learner_version)
         self.syncs += 1
         self.engine_version = self.learner_version
         self._mixed = False

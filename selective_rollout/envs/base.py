@@ -36,8 +36,20 @@ from selective_rollout.envs.episode import (
     step_reward,
 )
 from selective_rollout.records import Task
+from selective_rollout.registry import Registry
+
+# every environment by name (lines of selective_rollout.plugins, entry points of the group
+# "selective_rollout.envs", or a class named by its path)
+ENVS: Registry = Registry(
+    "environment",
+    "selective_rollout.envs",
+    base=f"{__name__}:Environment",
+    params_base=f"{__name__}:EnvParams",
+    catalog="selective_rollout.plugins:ENV_CATALOG",
+)
 
 __all__ = [
+    "ENVS",
     "EnvParams",
     "EnvPool",
     "Environment",

@@ -24,22 +24,23 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from selective_rollout.gate.base import Calibration, Gate, GateDecision, GateParams, GroupView, build_gate
+from selective_rollout.gate.base import (
+    GATES,
+    Calibration,
+    Gate,
+    GateDecision,
+    GateParams,
+    GroupView,
+    build_gate,
+)
 from selective_rollout.gate.calibration import calibrated_params, meets
-from selective_rollout.plugins import GATES
 from selective_rollout.records import GroupRecord
+from selective_rollout.registry import bind
 
 SHARED = tuple(GateParams.model_fields)  # k, mode, steps
 TIGHTEN = 0.02  # how much stricter each member's target gets when the union falls short
-
-
-def _one_line(err: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'params'}: {str(e['msg']).removeprefix('Value error, ')}"
-        for e in err.errors()
-    )
 
 
 class AnyParams(GateParams):
@@ -69,10 +70,7 @@ class AnyParams(GateParams):
             inherited: dict[str, Any] = {"mode": self.mode}
             if explicit_k and "k" not in own:
                 inherited.update(k=self.k, steps=self.steps)
-            try:
-                params = GATES.params(name).model_validate({**inherited, **own})
-            except ValidationError as exc:
-                raise ValueError(f"members[{i}] ({name}): {_one_line(exc)}") from None
+            params = bind(GATES.params(name), {**inherited, **own}, owner=f"members[{i}] ({name})")
             resolved.append({"name": name, **params.model_dump(mode="json")})
         self.members = resolved
         self.k = min(m["k"] for m in resolved)

@@ -23,9 +23,19 @@ from pydantic.fields import FieldInfo
 from selective_rollout.gate.distance import check_group, prefix_edit_distance
 from selective_rollout.gate.features import divergence_features
 from selective_rollout.gate.tracker import DivergenceTracker
-from selective_rollout.plugins import GATES
 from selective_rollout.records import GroupRecord, rewards_equal
-from selective_rollout.registry import bind_params
+from selective_rollout.registry import Registry, bind
+
+# every gate by name: the shipped ones are lines of selective_rollout.plugins, a third party's an
+# entry point of the group "selective_rollout.gates", any other class is named by its path
+GATES: Registry = Registry(
+    "gate",
+    "selective_rollout.gates",
+    base=f"{__name__}:Gate",
+    params_base=f"{__name__}:GateParams",
+    check=f"{__name__}:check_gate",
+    catalog="selective_rollout.plugins:GATE_CATALOG",
+)
 
 Mode = Literal["at_k", "from_k"]
 
@@ -100,7 +110,7 @@ class GateParams(BaseModel):
 
 
 def check_gate(name: str, cls: type[Gate]) -> None:
-    """A gate's own refusals at registration (``plugins.GATES`` runs it on load)."""
+    """A gate's own refusals at registration (``GATES`` runs it on load)."""
     if "name" in cls.Params.model_fields:
         raise TypeError(f"gate {name!r}: a parameter cannot be called 'name' (the gate's registry name)")
     if cls.threshold is not None and cls.threshold not in cls.own_params():
@@ -118,10 +128,9 @@ def gate_class(name: str) -> type[Gate]:
 
 
 def build_gate(name: str, **params: Any) -> Gate:
-    """A registered gate by name with its parameters, for code that builds one by hand: the gate
-    validates them itself, so a bad value is one line in the gate's words (``GATES.build`` binds
-    a config section that has validated them already)."""
-    return gate_class(name)(**params)
+    """A registered gate by name with its parameters, for code that builds one by hand: the same
+    binding as a config section's (``GATES.build``), so a bad value is the same one line."""
+    return GATES.build(name, params)  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -159,7 +168,8 @@ class Gate:
 
     def __init__(self, params: GateParams | None = None, **values: Any) -> None:
         """Bound to ``params`` (its ``Params``, as ``GATES.build`` passes) or to keyword values."""
-        self.params = bind_params("gate", self.name, self.Params, params, values)
+        name = self.name if self.name != Gate.name else type(self).__name__  # not loaded by GATES
+        self.params = bind(self.Params, params, owner=f"gate {name!r}", **values)
 
     @classmethod
     def own_params(cls) -> dict[str, FieldInfo]:

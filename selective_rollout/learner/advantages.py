@@ -1,6 +1,6 @@
 """One advantage per experience, by the group-relative estimator ``trainer.advantage`` names.
 
-The estimators are a registry of their own (``plugins.ADVANTAGES``); this module applies one
+The estimators are a registry of their own (``ADVANTAGES``); this module applies one
 within each group of a batch.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from selective_rollout.learner.losses import ADVANTAGES
 from selective_rollout.learner.losses.advantage import AdvantageEstimator
-from selective_rollout.plugins import ADVANTAGES
 from selective_rollout.records import Experience
 
 

@@ -205,7 +205,7 @@ class LearnerWorker:
 
     def location(self) -> dict[str, Any]:
         """This learner's Ray node and process (``placement.json``)."""
-        from selective_rollout.placement import here
+        from selective_rollout.process_memory import here
 
         return here()
 
@@ -236,10 +236,10 @@ class LearnerWorker:
         advantages: list[float],
         plan: list[list[int]],
         denominator: float,
-        staleness: list[int],
+        staleness: list[list[int]],
     ) -> dict[str, float]:
         """Run this rank's micro-batches (``[]`` = an empty one), then one optimiser step on all ranks.
-        ``staleness`` gives each experience's learner updates since its sampling weights.
+        ``staleness`` gives each experience's per-token learner updates since its sampling weights.
 
         Each micro-batch loss is its exact share of the batch loss; it is scaled by the world
         size because DeepSpeed *averages* gradients across ranks, whose sum is what the loss needs.

@@ -21,9 +21,9 @@ from selective_rollout.config.trainer import TrainerConfig
 from selective_rollout.learner import checkpoint
 from selective_rollout.learner.advantages import compute_advantages
 from selective_rollout.learner.learner import LearnerWorker
+from selective_rollout.learner.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.learner.objective import MAX_STATS, ZERO_ADV
 from selective_rollout.learner.packing import check_experience, plan_micro_batches
-from selective_rollout.plugins import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from selective_rollout.records import Experience
 from selective_rollout.weight_sync.collective import TensorSpec, call_off, sync_ranks
 
@@ -75,9 +75,12 @@ def shard_by_group(batch: Sequence[Experience], num_shards: int) -> list[list[in
 
 
 def staleness_metrics(batch: Sequence[Experience], staleness: Sequence[int]) -> dict[str, float]:
-    """How far behind the learner the batch's sampling weights were, over its groups: mean, max,
-    and the number of groups at each lag (``offpolicy/groups_lag_<n>``)."""
-    by_group = dict(zip((e.group_id for e in batch), staleness, strict=True))
+    """How far behind the learner the batch's sampling weights were, over its groups (each at its
+    stalest experience's lag): mean, max, and the number of groups at each lag
+    (``offpolicy/groups_lag_<n>``)."""
+    by_group: dict[str, int] = {}
+    for exp, lag in zip(batch, staleness, strict=True):
+        by_group[exp.group_id] = max(lag, by_group.get(exp.group_id, 0))
     lags = list(by_group.values())
     metrics = {
         "offpolicy/staleness_mean": sum(lags) / len(lags),
@@ -156,9 +159,9 @@ class LearnerGroup:
     def train_step(self, batch: list[Experience], version: int | None = None) -> dict[str, float]:
         """One optimiser step over ``batch``; returns its ``train/`` and ``offpolicy/`` metrics.
 
-        ``version`` is the learner's policy version (updates taken so far): each experience's
-        staleness is ``version - policy_version`` (0 throughout when not given), what a loss that
-        corrects off-policy data (``decoupled_ppo``) weighs its tokens by.
+        ``version`` is the learner's policy version (updates taken so far): each policy token's
+        staleness is ``version`` minus its version (``Experience.token_lags``; 0 throughout when
+        not given), what a loss that corrects off-policy data (``decoupled_ppo``) weighs it by.
 
         ``train/effective_grad_l2`` is the L2 norm of the per-token coefficients ``w_t A_t`` that
         multiply ``grad log pi`` at ratio 1: it shrinks when zero-advantage tokens dilute the
@@ -172,12 +175,10 @@ class LearnerGroup:
         if self.cfg.constrained_logprobs:
             batch = [exp.without_forced_tokens() for exp in batch]
         start = time.perf_counter()
-        staleness = [0 if version is None else version - exp.policy_version for exp in batch]
-        if min(staleness) < 0:
-            raise ValueError(
-                f"train_step: an experience of policy version {max(e.policy_version for e in batch)} "
-                f"is newer than the learner's version {version}"
-            )
+        try:
+            staleness = [[0] * len(e.token_ids) if version is None else e.token_lags(version) for e in batch]
+        except ValueError as exc:
+            raise ValueError(f"train_step: {exc}") from None
         advantages = compute_advantages(batch, ADVANTAGES.build(self.cfg.advantage, self.cfg))
         aggregation = AGGREGATIONS.build(self.cfg.loss_agg, self.cfg)
         denominator = aggregation.denominator([e.num_policy_tokens for e in batch])
@@ -189,7 +190,7 @@ class LearnerGroup:
                 e.num_policy_tokens for e, a in zip(batch, advantages, strict=True) if abs(a) <= ZERO_ADV
             )
             / max(1, sum(e.num_policy_tokens for e in batch)),
-            **staleness_metrics(batch, staleness),
+            **staleness_metrics(batch, [max(lags) for lags in staleness]),
         }
         if self.cfg.kl_coef == 0 and POLICY_LOSSES.get(self.cfg.policy_loss).no_gradient_at_zero_advantage:
             # Without a KL term a zero-advantage sequence adds exactly zero gradient under PPO-clip;
@@ -285,8 +286,9 @@ class LearnerGroup:
             "gloo (auto picks between them)"
         )
 
-    def sync_weights(self, engines: list) -> float:
-        """Send the current weights to every engine; returns the seconds it took.
+    def sync_weights(self, engines: list, version: int) -> float:
+        """Send the current weights, policy version ``version``, to every engine; returns the
+        seconds it took.
 
         Over a process group (rank 0 = this group's rank-0 learner, then every engine worker,
         ``weight_sync.collective.sync_ranks``; built on the
@@ -306,12 +308,12 @@ class LearnerGroup:
         method = self.sync_method()
         if method == "object_store":
             refs = [a.export_weights.remote() for a in self.actors]
-            loads = [e.load_weights.remote(refs[0]) for e in engines]
+            loads = [e.load_weights.remote(refs[0], version) for e in engines]
             self._await_sync(engines, loads, {ref: f"learner {r}" for r, ref in enumerate(refs)}, None)
             return time.perf_counter() - start
         if list(engines) != self._sync_engines:
             self._connect(list(engines), method)
-        receives = [e.receive_weights.remote(self._specs) for e in engines]
+        receives = [e.receive_weights.remote(self._specs, version) for e in engines]
         sends = {a.send_weights.remote(): f"learner {r}" for r, a in enumerate(self.actors)}
         self._await_sync(engines, receives, sends, self._store_address)
         return time.perf_counter() - start

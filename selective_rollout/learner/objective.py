@@ -12,10 +12,10 @@ from collections.abc import Callable
 import torch
 
 from selective_rollout.config.trainer import TrainerConfig
+from selective_rollout.learner.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from selective_rollout.learner.losses.policy import behaviour_weights
 from selective_rollout.learner.modeling import TokenLogprobs, token_logprobs
 from selective_rollout.learner.packing import MicroBatch
-from selective_rollout.plugins import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 RefLogprobs = Callable[[MicroBatch], torch.Tensor]
 ZERO_ADV = 1e-12

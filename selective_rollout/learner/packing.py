@@ -21,9 +21,10 @@ from selective_rollout.records import Experience
 class MicroBatch:
     """Right-padded ``[B, T]`` inputs; the ``[B, T-1]`` fields are aligned to the predicted token.
 
-    ``stale`` holds each row's staleness (learner updates since the weights that sampled it) on
-    its policy tokens. ``choice_ids`` (``[B, T-1, C]``) lists the ids a constrained choice allowed
-    for each predicted token, padded with -1 (all -1: sampled from the whole vocabulary).
+    ``stale`` holds each policy token's staleness (learner updates since the weights its sampling
+    depended on; a reply can span an update that reached the engine mid-rollout). ``choice_ids``
+    (``[B, T-1, C]``) lists the ids a constrained choice allowed for each predicted token, padded
+    with -1 (all -1: sampled from the whole vocabulary).
     """
 
     input_ids: torch.Tensor
@@ -72,18 +73,18 @@ def collate(
     batch: Sequence[Experience],
     advantages: Sequence[float],
     pad_id: int = 0,
-    staleness: Sequence[int] | None = None,
+    staleness: Sequence[Sequence[int]] | None = None,
 ) -> MicroBatch:
-    """Pad a list of experiences into one micro-batch; each advantage and staleness (default 0) is
-    broadcast over its tokens."""
+    """Pad a list of experiences into one micro-batch; each advantage is broadcast over its tokens,
+    ``staleness`` gives each experience's per-token lags (``Experience.token_lags``; default 0)."""
     if len(batch) != len(advantages):
         raise ValueError(f"collate: {len(batch)} experiences but {len(advantages)} advantages")
-    staleness = [0] * len(batch) if staleness is None else list(staleness)
     width = max(len(e.token_ids) for e in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
     loss_mask = torch.zeros((len(batch), width - 1), dtype=torch.float32)
     old_logprobs = torch.zeros((len(batch), width - 1), dtype=torch.float32)
+    stale = torch.zeros((len(batch), width - 1), dtype=torch.float32)
     widest = max((len(a) for e in batch for a in e.choice_sets.values()), default=1)
     choice_ids = torch.full((len(batch), width - 1, widest), -1, dtype=torch.long)
     for row, exp in enumerate(batch):
@@ -93,11 +94,12 @@ def collate(
         attention_mask[row, :n] = 1
         loss_mask[row, : n - 1] = torch.tensor(exp.loss_mask[1:], dtype=torch.float32)
         old_logprobs[row, : n - 1] = torch.tensor(exp.old_logprobs[1:], dtype=torch.float32)
+        if staleness is not None:
+            stale[row, : n - 1] = torch.tensor(list(staleness[row])[1:], dtype=torch.float32)
         for pos, allowed in exp.choice_sets.items():
             if pos > 0:  # position 0 is never predicted (nor a policy token: check_experience)
                 choice_ids[row, pos - 1, : len(allowed)] = torch.tensor(allowed, dtype=torch.long)
     adv = torch.tensor(list(advantages), dtype=torch.float32)[:, None].expand_as(loss_mask).contiguous()
-    stale = torch.tensor(staleness, dtype=torch.float32)[:, None].expand_as(loss_mask).contiguous()
     return MicroBatch(
         input_ids,
         attention_mask,

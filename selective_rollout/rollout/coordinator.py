@@ -23,12 +23,11 @@ from selective_rollout.config import RunConfig
 from selective_rollout.config.placement import COORDINATOR_NUM_CPUS
 from selective_rollout.config.trajectory_stop import TrajectoryStopConfig
 from selective_rollout.models import model_here
-from selective_rollout.plugins import ROLLOUT_MODES
 from selective_rollout.records import GroupRecord, Task
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
 from selective_rollout.rollout.scheduler import GroupScheduler
 from selective_rollout.rollout.service import RolloutService
-from selective_rollout.rollout.source import RolloutBatch
+from selective_rollout.rollout.source import ROLLOUT_MODES, RolloutBatch
 from selective_rollout.rollout.turns import EngineHandle, GroupFailed
 
 if TYPE_CHECKING:
@@ -86,7 +85,7 @@ def rollout_source(
     agent: Agent,
     run_dir: str | Path | None = None,
 ) -> GroupScheduler:
-    """The rollout source ``rollout.mode`` names (``plugins.ROLLOUT_MODES``), over these engines,
+    """The rollout source ``rollout.mode`` names (``ROLLOUT_MODES``), over these engines,
     pool and agent."""
     return ROLLOUT_MODES.get(cfg.rollout.mode)(cfg, engines, pool, agent, run_dir)
 
@@ -151,7 +150,7 @@ class CoordinatorActor(RolloutService):
         return resident_gb()
 
     async def placement(self) -> dict[str, list[dict[str, Any]]]:
-        from selective_rollout.placement import here
+        from selective_rollout.process_memory import here
 
         return {"coordinator": [here()], "env_workers": await self.pool.worker_locations()}
 

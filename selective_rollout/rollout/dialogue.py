@@ -34,6 +34,7 @@ class GeneratedTurn:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     prompt_tokens: int
+    versions: tuple[int, ...] = ()  # CompletionOutput.versions (empty: the engine did not say)
 
 
 @dataclass
@@ -44,21 +45,28 @@ class Segment:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     choice_sets: dict[int, tuple[int, ...]] = field(default_factory=dict)  # as ``Experience``'s
+    versions: list[int] = field(default_factory=list)  # as ``Experience.token_versions`` (-1: unknown)
 
     def add_prompt(self, ids: Sequence[int]) -> None:
         self.token_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
 
     def add_completion(
-        self, ids: Sequence[int], logprobs: Sequence[float], choice_sets: Sequence[tuple[int, ...]] = ()
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        choice_sets: Sequence[tuple[int, ...]] = (),
+        versions: Sequence[int] = (),
     ) -> None:
         """``choice_sets[i]``: what a constrained choice allowed before ``ids[i]`` (fewer sets than
-        ids: the rest was not constrained)."""
+        ids: the rest was not constrained); ``versions``: the engine's per token, if it said."""
         self.choice_sets.update(enumerate(choice_sets, start=len(self.token_ids)))
         self.token_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
+        self.versions += list(versions) if len(versions) == len(ids) else [-1] * len(ids)
 
 
 class Conversation:
@@ -131,10 +139,15 @@ class Conversation:
         return self._builder.prompt(list(zip(users[:-1], self._replies[first:], strict=True)), users[-1])
 
     def add_completion(
-        self, token_ids: Sequence[int], text: str, logprobs: Sequence[float] | None = None
+        self,
+        token_ids: Sequence[int],
+        text: str,
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] = (),
     ) -> None:
         """Record the policy's reply to the current prompt: its ids count for the loss, with the
-        engine's ``logprobs`` (an expert's reply, cloned in the warm start, has none: 0.0) and, when
+        engine's ``logprobs`` (an expert's reply, cloned in the warm start, has none: 0.0) and
+        ``versions`` (``CompletionOutput.versions``, where the engine gave them) and, when
         decoding is constrained to the admissible commands, the ids the choice allowed at each
         token (the trie the engines walk, rebuilt here), so the learner can train the policy that
         acted rather than the unconstrained model."""
@@ -147,7 +160,7 @@ class Conversation:
             else []
         )
         self.segments[-1].add_completion(
-            token_ids, [0.0] * len(token_ids) if logprobs is None else logprobs, choice_sets
+            token_ids, [0.0] * len(token_ids) if logprobs is None else logprobs, choice_sets, versions
         )
         self._replies.append(text)
         self._ended_turn = bool(token_ids) and token_ids[-1] == self._builder.eot_id
@@ -191,6 +204,7 @@ class Conversation:
                 reward=reward,
                 trajectory=trajectory,
                 choice_sets=dict(seg.choice_sets),
+                token_versions=list(seg.versions) if any(v >= 0 for v in seg.versions) else [],
             )
             for seg in self.segments
             if any(seg.loss_mask)

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from selective_rollout.config import RunConfig
 from selective_rollout.gate import NoGate
 from selective_rollout.gate.audit import AuditBudget
-from selective_rollout.plugins import STRATEGIES
 from selective_rollout.records import GroupRecord, GroupWriter, Outcome, Task, read_groups
 from selective_rollout.rollout.group_run import GroupRun
 from selective_rollout.rollout.source import RolloutBatch, RolloutSource
+from selective_rollout.rollout.strategies import STRATEGIES
 from selective_rollout.rollout.turns import BadGame, EngineHandle, EngineSlots, GroupFailed, Turns
 from selective_rollout.trajectory_stop.audit import StopAudits
 from selective_rollout.trajectory_stop.metrics import stop_metrics

@@ -5,7 +5,7 @@ The driver never reaches into the rollout source, the env pool or the engines' s
 batch played under a given policy version, a held-out evaluation, the engines' health and their
 replacement, the environment's figures and a clean shutdown. ``driver.pipeline`` decides when
 these are asked (``driver/pipeline.py``), never how they are done; ``rollout.mode`` decides how a
-batch's groups are played (``plugins.ROLLOUT_MODES``).
+batch's groups are played (``ROLLOUT_MODES``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from selective_rollout.records import Experience, GroupRecord, Task
+from selective_rollout.registry import Registry
+
+# a rollout schedule: how a batch's groups are played (``rollout.mode``), a ``GroupScheduler``
+# built with the run's config, engines, env pool and agent (its parameters are rollout.* keys);
+# lines of selective_rollout.plugins or entry points of the group "selective_rollout.rollout_modes"
+ROLLOUT_MODES: Registry = Registry(
+    "rollout mode",
+    "selective_rollout.rollout_modes",
+    base="selective_rollout.rollout.scheduler:GroupScheduler",
+    params_attr=None,
+    catalog="selective_rollout.plugins:ROLLOUT_MODE_CATALOG",
+)
 
 
 @dataclass

@@ -22,6 +22,18 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from selective_rollout.registry import Registry
+
+# every strategy by name (lines of selective_rollout.plugins, entry points of the group
+# "selective_rollout.strategies", or a class named by its path)
+STRATEGIES: Registry = Registry(
+    "strategy",
+    "selective_rollout.strategies",
+    base=f"{__name__}:Strategy",
+    params_base=f"{__name__}:StrategyParams",
+    catalog="selective_rollout.plugins:STRATEGY_CATALOG",
+)
+
 
 class StrategyParams(BaseModel):
     """Base of a strategy's parameters (none by default)."""

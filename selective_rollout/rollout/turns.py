@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ray.exceptions import RayActorError, RayTaskError
 
 from selective_rollout.config import RunConfig
-from selective_rollout.records import Step, Task, TrajectoryStatus
+from selective_rollout.records import Step, Task, TrajectoryStatus, version_runs
 from selective_rollout.rollout.dialogue import GeneratedTurn
 from selective_rollout.rollout.engines import SamplingParams
 from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
@@ -171,6 +171,7 @@ class Turns:
             token_ids=tuple(out.token_ids),
             logprobs=tuple(out.logprobs),
             prompt_tokens=completion.prompt_tokens,
+            versions=tuple(out.versions),
         )
 
     def _sampling(self, group: GroupRun, traj: TrajectoryRun) -> SamplingParams:
@@ -213,9 +214,10 @@ class Turns:
                 completion_tokens=len(turn.token_ids),
                 reward=float(state.reward),
                 done=bool(state.done),
+                version_runs=version_runs(turn.versions, group.policy_version),
             )
         )
-        traj.conversation.add_completion(turn.token_ids, turn.text, turn.logprobs)
+        traj.conversation.add_completion(turn.token_ids, turn.text, turn.logprobs, turn.versions)
         traj.won = bool(state.won)
         if state.done or state.won:
             traj.status = TrajectoryStatus.FINISHED

@@ -21,7 +21,18 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from selective_rollout.registry import bind_params
+from selective_rollout.registry import Registry, bind
+
+# every trajectory stop rule by name (lines of selective_rollout.plugins, entry points of the group
+# "selective_rollout.trajectory_stops", or a class named by its path)
+TRAJECTORY_STOPS: Registry = Registry(
+    "trajectory stop",
+    "selective_rollout.trajectory_stops",
+    base=f"{__name__}:TrajectoryRule",
+    params_base=f"{__name__}:TrajectoryStopParams",
+    check=f"{__name__}:check_rule",
+    catalog="selective_rollout.plugins:TRAJECTORY_STOP_CATALOG",
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,7 @@ class TrajectoryStopParams(BaseModel):
 
 
 def check_rule(name: str, cls: type[TrajectoryRule]) -> None:
-    """A rule's own refusals at registration (``plugins.TRAJECTORY_STOPS`` runs it on load)."""
+    """A rule's own refusals at registration (``TRAJECTORY_STOPS`` runs it on load)."""
     if "name" in cls.Params.model_fields:
         raise TypeError(f"trajectory stop {name!r}: a parameter cannot be called 'name' (the rule's name)")
 
@@ -91,7 +102,7 @@ class TrajectoryRule:
         """Bound to ``params`` (its ``Params``, as ``TRAJECTORY_STOPS.build`` passes) or to keyword
         values, validated by its ``Params`` either way."""
         name = self.name or type(self).__name__
-        self.params = bind_params("trajectory stop", name, self.Params, params, values)
+        self.params = bind(self.Params, params, owner=f"trajectory stop {name!r}", **values)
 
     def due(self, step: int) -> bool:
         """Whether a trajectory that has taken ``step`` actions may be asked about."""

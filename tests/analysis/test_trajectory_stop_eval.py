@@ -143,7 +143,7 @@ def test_groups_holding_an_assigned_reward_are_left_out(tmp_path) -> None:
     [
         (["--rule", "outlivd"], "unknown trajectory stop 'outlivd' (did you mean 'outlived'?)"),
         (["--rule", "outlived", "--param", "window=3"], "has no parameter 'window'"),
-        (["--rule", "outlived", "--grid", "min_step=0,3"], "min_step must be >= 1, got '0'"),
+        (["--rule", "outlived", "--grid", "min_step=0,3"], "min_step must be >= 1 (got '0')"),
     ],
 )
 def test_a_bad_rule_or_parameter_is_one_error_line(tmp_path, capsys, extra, message) -> None:

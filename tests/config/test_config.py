@@ -18,7 +18,7 @@ def test_overrides_apply_over_yaml(tmp_path):
     ("overrides", "match"),
     [
         (["gate.tua=0.1"], r"gate\.tua: unknown key"),
-        (["gate.tau=1.5"], r"gate\.tau: .*less than or equal to 1"),
+        (["gate.tau=1.5"], r"gate\.tau must be <= 1\.0 \(got 1\.5\)"),
         (["gate.k=abc"], r"gate\.k: .*integer"),
         (["rollout.group_size=1"], r"rollout\.group_size"),
         (["nonsense"], "section.key=value"),
@@ -161,14 +161,14 @@ def test_the_trajectory_stop_section_selects_a_rule_with_its_own_keys():
         ),
         (
             ["trajectory_stop.name=outlived", "trajectory_stop.min_winners=0"],
-            "trajectory_stop.min_winners: Input should be greater than or equal to 1 (got 0)",
+            "trajectory_stop.min_winners must be >= 1 (got 0)",
         ),
         (
             ["trajectory_stop.name=looping", "trajectory_stop.min_step=15"],
             "trajectory_stop.min_step=15 is not below rollout.max_steps=15: the rule would never stop a "
             "trajectory",
         ),
-        (["trajectory_stop.audit_target=0"], "trajectory_stop.audit_target: Input should be greater than 0"),
+        (["trajectory_stop.audit_target=0"], "trajectory_stop.audit_target must be > 0.0 (got 0)"),
     ],
 )
 def test_a_bad_trajectory_stop_key_is_one_line_naming_it(overrides, message):

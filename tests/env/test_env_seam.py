@@ -103,7 +103,7 @@ def test_config_selects_the_toy_and_validates_its_own_parameter(toy_env, tmp_pat
             ["env.win_reward=2"],
             rf"env\.win_reward: environment 'alfworld' has no such parameter \({TOY} has\)",
         ),
-        ([f"env.name={TOY}", "env.win_reward=0"], r"env\.win_reward: Input should be greater than 0"),
+        ([f"env.name={TOY}", "env.win_reward=0"], r"env\.win_reward must be > 0(\.0)? \(got 0\)"),
         (["env.name=nope"], rf"env\.name: unknown environment 'nope'; known: .*{TOY}"),
         (["env.level_typo=1"], r"env\.level_typo: unknown key"),
     ],

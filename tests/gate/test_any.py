@@ -89,7 +89,7 @@ def test_the_run_config_takes_the_gate_and_says_which_member_is_wrong(tmp_path) 
         load_config(
             "configs/cpu_default.yaml", ["gate.name=any", "gate.members=[{name: none}, {name: stalld}]"]
         )
-    with pytest.raises(ConfigError, match=r"members\[0\] \(stalled\): tau"):
+    with pytest.raises(ConfigError, match=r"members\[0\] \(stalled\) has no parameter 'tau'"):
         load_config("configs/cpu_default.yaml", ["gate.name=any", "gate.members=[{name: stalled, tau: 1}]"])
     with pytest.raises(ConfigError, match="offline only"):
         load_config("configs/cpu_default.yaml", ["gate.name=any", "gate.members=[{name: oracle}]"])

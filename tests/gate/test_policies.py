@@ -76,8 +76,8 @@ def test_tracker_and_batch_agree_in_decide():
     ("factory", "match"),
     [
         (lambda: PrefixEditGate(k=0, tau=0.1), "k must be"),
-        (lambda: PrefixEditGate(k=10, tau=1.5), "tau must be in"),
-        (lambda: PrefixEditGate(k=10, tau=-0.1), "tau must be in"),
+        (lambda: PrefixEditGate(k=10, tau=1.5), "tau must be <= 1.0"),
+        (lambda: PrefixEditGate(k=10, tau=-0.1), "tau must be >= 0.0"),
         (lambda: PrefixEditGate(k=10, tau=0.1, mode="sometimes"), "mode"),
         (lambda: TwoAxisGate(k=10, d_low=0.1, t_high=2.0), "t_high"),
         (lambda: build_gate("nope"), "unknown gate 'nope'"),

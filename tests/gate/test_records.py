@@ -16,6 +16,7 @@ from selective_rollout.records import (
     TrajectoryStatus,
     TrajectoryStop,
     read_groups,
+    version_runs,
 )
 
 
@@ -149,8 +150,26 @@ def test_policy_versions_round_trip_and_schema_1_lines_read_as_version_0(tmp_pat
     del schema_1["policy_version"]  # a line written before versions were logged
     path.write_text(versioned.to_json() + "\n" + json.dumps(schema_1) + "\n")
     new, old = read_groups(path)
-    assert json.loads(versioned.to_json())["schema"] == 2
+    assert json.loads(versioned.to_json())["schema"] == 3
     assert (new.policy_version, old.policy_version) == (3, 0)
-    path.write_text(json.dumps({**schema_1, "schema": 3}) + "\n")
-    with pytest.raises(LogLineError, match="unsupported rollouts schema version 3"):
+    path.write_text(json.dumps({**schema_1, "schema": 4}) + "\n")
+    with pytest.raises(LogLineError, match="unsupported rollouts schema version 4"):
         list(read_groups(path))
+
+
+def test_a_reply_spanning_versions_is_logged_as_runs_and_a_plain_one_adds_nothing():
+    """Weights that reach the engines mid-rollout make a reply's tokens differ from their group's
+    version; a line says so per step, as [version, tokens] runs, and only then."""
+    assert version_runs([4, 4, 5, 5, 5], 4) == [[4, 2], [5, 3]]
+    assert version_runs([5, 5], 4) == [[5, 2]]  # a later turn, played after an update
+    assert version_runs([4, 4], 4) == [] and version_runs([], 4) == []
+    group = _group("s")
+    group.policy_version = 4
+    group.trajectories[0].steps[0].version_runs = [[4, 2], [5, 3]]
+    line = json.loads(group.to_json())
+    first, second = (t["steps"][0] for t in line["trajectories"])
+    assert first["version_runs"] == [[4, 2], [5, 3]] and "version_runs" not in second
+    assert GroupRecord.from_dict(line) == group
+    schema_2 = {**line, "schema": 2}
+    del schema_2["trajectories"][0]["steps"][0]["version_runs"]  # written before runs were logged
+    assert GroupRecord.from_dict(schema_2).trajectories[0].steps[0].version_runs == []

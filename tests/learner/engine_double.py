@@ -72,7 +72,8 @@ class EngineDouble:
             bufs.append(buf)
         return bufs
 
-    def receive_weights(self, specs: list[TensorSpec]) -> None:
+    def receive_weights(self, specs: list[TensorSpec], version: int) -> None:
+        del version  # a double serves one model: its version is the test's to know
         with ThreadPoolExecutor(self.tp) as pool:
             received = list(pool.map(lambda w: self._receive(w, specs), range(self.tp)))
         for spec, buf in zip(specs, received[0], strict=True):
@@ -83,7 +84,8 @@ class EngineDouble:
         """What each worker received in the last broadcast (float64 sums, as ``weights_checksum``)."""
         return self.worker_sums
 
-    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        del version
         for name, tensor in named_tensors.items():
             self.params[name].data.copy_(tensor)
 

@@ -5,7 +5,7 @@ import pytest
 
 from selective_rollout.config import load_config
 from selective_rollout.learner.advantages import compute_advantages
-from selective_rollout.plugins import ADVANTAGES
+from selective_rollout.learner.losses import ADVANTAGES
 from tests.learner.conftest import make_batch
 
 

@@ -123,7 +123,7 @@ def test_tensor_parallel_engines_get_one_rank_per_worker(ray_cluster, tiny_model
     engines = [ray.remote(EngineDouble).remote(str(tiny_model_dir), tp) for tp in (2, 1, 4)]
     try:
         group.train_step(next(iter(batches(1))))
-        group.sync_weights(engines)
+        group.sync_weights(engines, 1)
         want = group.weights_checksum()
         for engine, tp in zip(engines, (2, 1, 4), strict=True):
             sums = ray.get(engine.worker_checksums.remote())
@@ -141,7 +141,7 @@ def test_weight_sync_makes_the_engine_score_like_the_learner(ray_cluster, tiny_m
         probe = [e.token_ids for e in make_batch(9, {"p": [0.0, 1.0]})]
         for batch in batches(2):
             group.train_step(batch)
-            assert group.sync_weights(engines) > 0
+            assert group.sync_weights(engines, 1) > 0
             learner_lp = group.logprobs(probe)
             for engine in engines:
                 assert ray.get(engine.weights_checksum.remote()) == pytest.approx(

@@ -147,7 +147,8 @@ def stale_grad(model, batch, cfg, staleness) -> tuple[torch.Tensor, float, dict[
     model.zero_grad()
     adv = compute_advantages(batch, cfg.advantage)
     denom = batch_denominator(cfg.loss_agg, [e.num_policy_tokens for e in batch])
-    loss, stats = micro_batch_loss(model, collate(batch, adv, staleness=staleness), cfg, denom)
+    lags = [[lag] * len(e.token_ids) for e, lag in zip(batch, staleness, strict=True)]
+    loss, stats = micro_batch_loss(model, collate(batch, adv, staleness=lags), cfg, denom)
     loss.backward()
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return grad, loss.item(), stats

@@ -22,7 +22,7 @@ def test_object_store_sync_of_a_big_model_is_refused_with_its_size(ray_cluster, 
         assert group.sync_method() == "object_store"  # a small model may use it
         monkeypatch.setattr(LearnerGroup, "OBJECT_STORE_MAX_PARAMS", params - 1)
         with pytest.raises(ValueError) as raised:
-            group.sync_weights([object()])  # refused before any engine is touched
+            group.sync_weights([object()], 1)  # refused before any engine is touched
         message = str(raised.value)
         assert "\n" not in message, message
         assert f"trainer.weight_sync=object_store with a model of {params:,} parameters" in message

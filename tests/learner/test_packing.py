@@ -34,11 +34,32 @@ def test_collate_aligns_targets_and_pads_right():
     assert mb.old_logprobs.tolist() == [[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]]
     assert mb.advantages.tolist() == [[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]]
     assert mb.stale.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
-    # staleness is broadcast over the row's policy tokens only
-    assert collate([exp, short], [2.0, -1.0], staleness=[2, 1]).stale.tolist() == [
-        [2.0, 2.0, 0.0],
+    # staleness is per token (a reply may span an update), kept on policy tokens only
+    assert collate([exp, short], [2.0, -1.0], staleness=[[9, 2, 1, 9], [9, 1]]).stale.tolist() == [
+        [2.0, 1.0, 0.0],
         [1.0, 0.0, 0.0],
     ]
+
+
+def test_token_lags_take_each_tokens_version_and_refuse_one_newer_than_the_learner():
+    spanned = Experience(
+        "g",
+        "t",
+        "x",
+        [5, 6, 7, 8],
+        [0, 1, 1, 0],
+        [0.0, -1.0, -2.0, 0.0],
+        1.0,
+        policy_version=3,
+        token_versions=[-1, 3, 4, -1],
+    )
+    assert spanned.token_lags(4) == [0, 1, 0, 0]  # the reply spanned an update: one token is fresh
+    plain = Experience("g", "t", "x", [5, 6, 7], [0, 1, 1], [0.0, -1.0, -2.0], 1.0, policy_version=2)
+    assert plain.token_lags(4) == [0, 2, 2]  # no per-token versions: the group's
+    with pytest.raises(ValueError, match="a token of policy version 4 is newer than the learner's version 3"):
+        spanned.token_lags(3)
+    with pytest.raises(ValueError, match="token_versions"):
+        Experience("g", "t", "x", [5, 6], [0, 1], [0.0, -1.0], 1.0, token_versions=[1])
 
 
 def test_first_token_cannot_be_a_policy_token():

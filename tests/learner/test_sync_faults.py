@@ -93,19 +93,19 @@ def test_an_engine_dying_mid_sync_fails_it_fast_and_names_it(learner, tiny_model
     engines = [_engine(tiny_model_dir) for _ in range(3)]
     sink = Sink()
     try:
-        learner.sync_weights(engines)  # the group is up
+        learner.sync_weights(engines, 1)  # the group is up
         _train(learner, 1 + hold_open)
         _arm(engines[1], sink, hold_open)
         start = time.monotonic()
         with pytest.raises(WeightSyncFailed, match=r"engine 1 \(actor [0-9a-f]+\) died during it") as failed:
-            learner.sync_weights(engines)
+            learner.sync_weights(engines, 1)
         assert time.monotonic() - start < FAILS_WITHIN_S
         assert sink.killed.is_set() and bool(sink.held) == hold_open
         assert failed.value.dead_engines == [1]
         # the learner and the survivors are free at once: a new group with a replacement syncs all
         engines[1] = _engine(tiny_model_dir, blank=True)
         start = time.monotonic()
-        learner.sync_weights(engines)
+        learner.sync_weights(engines, 1)
         assert time.monotonic() - start < FAILS_WITHIN_S
         want = learner.weights_checksum()
         got = ray.get([e.weights_checksum.remote() for e in engines])
@@ -137,9 +137,9 @@ def test_a_sync_that_leaves_an_engine_serving_other_weights_stops_the_run(learne
     driver = _driver(learner, tiny_model_dir)
     driver.engines = [_engine(tiny_model_dir) for _ in range(2)]
     try:
-        driver.sync_weights()
+        driver.sync_weights(1)
         assert driver.served_gap < 1e-4
-        ray.get(driver.engines[1].load_weights.remote({"model.norm.weight": torch.full((32,), 40.0)}))
+        ray.get(driver.engines[1].load_weights.remote({"model.norm.weight": torch.full((32,), 40.0)}, 1))
         with pytest.raises(ServedWeightsMismatch, match=r"engine 1 [0-9.e-]+ nats mean .*tolerance 0\.2"):
             driver.verify_served_weights({f"engine {i}": e for i, e in enumerate(driver.engines)})
     finally:
@@ -184,11 +184,11 @@ def test_the_driver_replaces_an_engine_that_dies_mid_sync_and_syncs_again(
     first = driver.engines[0]
     sink = Sink()
     try:
-        driver.sync_weights()
+        driver.sync_weights(1)
         _train(learner, 3)
         _arm(first, sink, hold_open=True)
         start = time.monotonic()
-        driver.sync_weights()  # fails once, replaces engine 0, syncs again
+        driver.sync_weights(1)  # fails once, replaces engine 0, syncs again
         assert time.monotonic() - start < FAILS_WITHIN_S
         assert driver.engine_restarts == 1 and driver.engines[0] is started[0]
         assert ray.get(driver.coordinator.replacements.remote()) == [0]

@@ -81,7 +81,7 @@ def test_zero3_sync_gathers_one_module_at_a_time(
         partitioned = ray.get([a.__ray_call__.remote(_watch_gathers) for a in group.actors])[0]
         modules = {_module_of(n) for n in partitioned}
         assert len(modules) >= 10  # q, o, gate, up, down of two layers: the test can tell
-        group.sync_weights([engine])
+        group.sync_weights([engine], 1)
         for actor in group.actors:
             log = ray.get(actor.__ray_call__.remote(lambda w: w.whole_at_gather))
             for whole in log:  # never two modules whole at once, let alone the model

@@ -87,6 +87,21 @@ def test_an_expert_reply_has_zero_logprobs_and_a_segment_without_a_reply_is_not_
     assert sum(exp.loss_mask) == 3 * len(reply(tok, "look"))
 
 
+def test_each_reply_token_keeps_the_version_the_engine_gave_it(agent, smollm2_tokenizer):
+    """A reply's per-token versions (``CompletionOutput.versions``) reach its Experience on the
+    reply's tokens, -1 elsewhere; a conversation whose engine gave none has no token versions."""
+    tok = smollm2_tokenizer
+    conv = agent.start("put a mug in the fridge", "You are in a room.", ADMISSIBLE)
+    start = len(conv.prompt_ids)
+    ids = reply(tok, "look")
+    conv.add_completion(ids, "look", [-0.5] * len(ids), [3] * (len(ids) - 1) + [4])
+    (exp,) = conv.experiences("g", "t", "", reward=0.0)
+    assert exp.token_versions == [-1] * start + [3] * (len(ids) - 1) + [4]
+    plain = agent.start("put a mug in the fridge", "You are in a room.", ADMISSIBLE)
+    plain.add_completion(ids, "look", [-0.5] * len(ids))
+    assert plain.experiences("g", "t", "", reward=0.0)[0].token_versions == []
+
+
 def test_a_generated_turn_is_frozen():
     turn = GeneratedTurn("look", True, "look", (1, 2), (-0.5, -0.25), prompt_tokens=10)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -16,7 +16,6 @@ from pydantic import Field
 from selective_rollout.config import ConfigError, dump_config, load_config
 from selective_rollout.config.engine import EngineConfig
 from selective_rollout.config.reference import render
-from selective_rollout.plugins import BACKENDS
 from selective_rollout.rollout.engines import (
     Completion,
     CompletionOutput,
@@ -25,6 +24,7 @@ from selective_rollout.rollout.engines import (
     check_backend_installed,
     engine_class,
 )
+from selective_rollout.rollout.engines.base import BACKENDS
 from selective_rollout.rollout.engines.params import BackendParams
 from tests.rollout.test_strategy_plugin import assert_refused_in_one_line
 

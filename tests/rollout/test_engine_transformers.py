@@ -281,20 +281,57 @@ def test_load_weights_changes_outputs_and_checksum(hf_engine):
     before = run(hf_engine.generate("w0", MSGS, sp)).outputs[0].token_ids
     try:
         noisy = original + torch.randn(original.shape, generator=torch.Generator().manual_seed(0)) * 0.5
-        run(hf_engine.load_weights({name: noisy}))
+        run(hf_engine.load_weights({name: noisy}, 1))
         assert run(hf_engine.weights_checksum()) != pytest.approx(before_sum)
         assert run(hf_engine.generate("w1", MSGS, sp)).outputs[0].token_ids != before
     finally:
-        run(hf_engine.load_weights({name: original}))
+        run(hf_engine.load_weights({name: original}, 0))
     assert run(hf_engine.weights_checksum()) == pytest.approx(before_sum)
     assert run(hf_engine.generate("w2", MSGS, sp)).outputs[0].token_ids == before
 
 
+def scored_tokens(engine, request_id: str) -> int:
+    """Tokens of the first output of a request in flight that the engine has scored so far."""
+    req = engine._scheduler.requests.get(request_id)
+    return len(req.seqs[0].logprobs) if req is not None and req.seqs else 0
+
+
+def test_weights_loaded_mid_reply_reach_it_and_its_tokens_keep_the_version_of_their_kv(hf_engine):
+    """A weight update does not wait for the replies in flight: it lands between two decode
+    steps and the reply goes on under the new weights (its later log-probs are theirs), over the
+    KV the old weights computed, so every token keeps the version of the reply's admission."""
+    long_choice = ["go " * 400]  # forces ~400 tokens without an end-of-turn: the reply is long
+    sampling = SamplingParams(max_tokens=1000, choices=long_choice)
+    name = "model.norm.weight"
+    original = dict(hf_engine.model.named_parameters())[name].detach().clone()
+    old = run(hf_engine.health())["weights_version"]
+    baseline = run(hf_engine.generate("unspanned", MSGS, sampling)).outputs[0]
+
+    async def go():
+        task = asyncio.create_task(hf_engine.generate("span", MSGS, sampling))
+        while scored_tokens(hf_engine, "span") < 3:
+            await asyncio.sleep(0.005)
+        await hf_engine.load_weights({name: original * 1.5}, old + 7)
+        return await asyncio.wait_for(task, timeout=120)
+
+    try:
+        out = run(go()).outputs[0]
+        assert run(hf_engine.health())["weights_version"] == old + 7
+        after = run(hf_engine.generate("after", MSGS, SamplingParams(max_tokens=2))).outputs[0]
+    finally:
+        run(hf_engine.load_weights({name: original}, old))
+    assert out.finish_reason == "stop" and out.token_ids == baseline.token_ids
+    assert out.versions == [old] * len(out.token_ids)
+    assert out.logprobs[:3] == pytest.approx(baseline.logprobs[:3], abs=1e-5)  # before the load
+    assert out.logprobs[-1] != pytest.approx(baseline.logprobs[-1], abs=1e-3)  # after it: new weights
+    assert after.versions == [old + 7] * len(after.token_ids)  # admitted after the load
+
+
 def test_load_weights_rejects_unknown_names_and_shapes(hf_engine):
     with pytest.raises(KeyError, match="not_a_param"):
-        run(hf_engine.load_weights({"not_a_param": torch.zeros(1)}))
+        run(hf_engine.load_weights({"not_a_param": torch.zeros(1)}, 1))
     with pytest.raises(ValueError, match="shape"):
-        run(hf_engine.load_weights({"model.norm.weight": torch.zeros(3)}))
+        run(hf_engine.load_weights({"model.norm.weight": torch.zeros(3)}, 1))
 
 
 def test_receive_weights_over_a_gloo_sync_group(hf_engine):
@@ -313,11 +350,11 @@ def test_receive_weights_over_a_gloo_sync_group(hf_engine):
     thread.start()
     try:
         run(hf_engine.init_weight_sync("127.0.0.1", port, 1, 2, "gloo"))
-        run(hf_engine.receive_weights([TensorSpec.of(name, new)]))
+        run(hf_engine.receive_weights([TensorSpec.of(name, new)], 1))
         thread.join(timeout=60)
         assert torch.equal(param.detach(), new)
     finally:
-        run(hf_engine.load_weights({name: original}))
+        run(hf_engine.load_weights({name: original}, 0))
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from selective_rollout.plugins import TRAJECTORY_STOPS
 from selective_rollout.trajectory_stop import NoStop, TrajectoryRule, TrajectoryView
+from selective_rollout.trajectory_stop.base import TRAJECTORY_STOPS
 from selective_rollout.trajectory_stop.looping import LoopingRule
 from selective_rollout.trajectory_stop.outlived import OutlivedRule
 
@@ -84,12 +84,15 @@ def test_rules_are_registered_and_built_from_their_params() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"min_winners": 0}, "trajectory stop min_winners must be >= 1, got 0"),
+        ({"min_winners": 0}, "trajectory stop 'outlived': min_winners must be >= 1 (got 0)"),
         (
             {"window": 3},
             "trajectory stop 'outlived' has no parameter 'window' (it has: min_step, min_winners, assign)",
         ),
-        ({"assign": float("inf")}, "trajectory stop assign: Input should be a finite number, got inf"),
+        (
+            {"assign": float("inf")},
+            "trajectory stop 'outlived': assign: Input should be a finite number (got inf)",
+        ),
     ],
 )
 def test_a_rule_built_in_code_names_its_bad_parameter_in_one_line(values: dict, message: str) -> None:

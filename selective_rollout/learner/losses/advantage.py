@@ -1,7 +1,7 @@
 """Group-relative advantage estimators: the final rewards of one group (the G rollouts of a task)
 to one advantage per rollout, which the learner broadcasts over that rollout's policy tokens.
 
-Each is a class listed in ``selective_rollout.plugins.ADVANTAGES`` that ``trainer.advantage``
+Each is a class listed in ``ADVANTAGES`` (``selective_rollout.learner.losses``) that ``trainer.advantage``
 names; its fields are its parameters (flat ``trainer.*`` keys, like the losses'), so a new
 estimator is one class plus one line there (or an entry point of a package of yours).
 """

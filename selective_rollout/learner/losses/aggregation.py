@@ -13,8 +13,8 @@ sequence s, ``N`` = policy tokens of the batch, ``S`` = sequences with at least 
 - ``seq-mean-token-sum``: ``(1/S) sum_s sum_t l_st``. Longer replies weigh more; no length bias
   towards short wrong answers (Dr.GRPO uses this with a constant denominator).
 
-Each mode is a class listed in ``selective_rollout.plugins.AGGREGATIONS`` that ``trainer.loss_agg``
-names.
+Each mode is a class listed in ``AGGREGATIONS`` (``selective_rollout.learner.losses``) that
+``trainer.loss_agg`` names.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from selective_rollout import plugins
+from selective_rollout.learner.losses import AGGREGATIONS
 from selective_rollout.learner.losses.params import Entry
 
 
@@ -67,11 +67,11 @@ class SeqMeanTokenMean(SequenceMean):
 
 def batch_denominator(mode: str, policy_tokens_per_seq: Sequence[int]) -> float:
     """The whole batch's denominator for aggregation ``mode`` at its default parameters."""
-    return plugins.AGGREGATIONS.build(mode).denominator(policy_tokens_per_seq)
+    return AGGREGATIONS.build(mode).denominator(policy_tokens_per_seq)
 
 
 def token_weights(mask: torch.Tensor, mode: str, denominator: float) -> torch.Tensor:
     """Weight of each token of a ``[B, T]`` micro-batch in the batch loss (0 off the mask)."""
     if not mask.is_floating_point():
         mask = mask.to(torch.float32)
-    return plugins.AGGREGATIONS.build(mode).weights(mask, denominator)
+    return AGGREGATIONS.build(mode).weights(mask, denominator)

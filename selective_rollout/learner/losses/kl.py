@@ -2,7 +2,7 @@
 
 k1 = log pi - log ref is unbiased but can be negative; k3 = exp(-k1) + k1 - 1 is unbiased,
 non-negative and lower-variance, hence the default. Each is a class listed in
-``selective_rollout.plugins.KL_ESTIMATORS`` that ``trainer.kl_estimator`` names.
+``KL_ESTIMATORS`` (``selective_rollout.learner.losses``) that ``trainer.kl_estimator`` names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from selective_rollout import plugins
+from selective_rollout.learner.losses import KL_ESTIMATORS
 from selective_rollout.learner.losses.params import Entry
 
 
@@ -38,4 +38,4 @@ class K3(KLEstimator):
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL estimate with the named estimator at its default parameters."""
-    return plugins.KL_ESTIMATORS.build(estimator)(logprobs - ref_logprobs)
+    return KL_ESTIMATORS.build(estimator)(logprobs - ref_logprobs)

@@ -3,7 +3,7 @@
 A loss component is a frozen pydantic model whose fields are its parameters (flat ``trainer.*``
 keys). Where its module imports torch, its fields are declared here and the component subclasses
 them, so that config validation reads ``trainer.clip_high`` without importing torch
-(``selective_rollout.plugins`` names the model as the entry's ``params``).
+(the entry's line in ``selective_rollout/plugins.py`` names the model as its ``params``).
 """
 
 from __future__ import annotations

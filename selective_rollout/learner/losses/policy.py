@@ -1,6 +1,6 @@
 """Policy losses: the per-token loss of the sampled tokens given their advantages.
 
-Each is a class listed in ``selective_rollout.plugins.POLICY_LOSSES``; ``trainer.policy_loss``
+Each is a class listed in ``POLICY_LOSSES`` (``selective_rollout.learner.losses``); ``trainer.policy_loss``
 names the one to use and its fields are flat ``trainer.*`` keys (``trainer.clip_high``, declared
 in ``losses/params.py`` so that config validation does not import torch).
 """

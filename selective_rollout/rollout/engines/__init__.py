@@ -1,11 +1,11 @@
 """Rollout engines behind one async interface, started as Ray actors.
 
 A back-end is one module (its ``RolloutEngine`` subclass) plus one line in
-``selective_rollout/plugins.py`` naming it and its ``Params`` (the back-end's own ``engine.*``
-keys, kept in a light module: ``engines/params.py`` for the shipped ones), or an entry point of the
-group "selective_rollout.engines" in a package of yours. Modules are imported only when that
-back-end is used, and none imports its generation library at module level, so the package and
-config validation work on machines without vLLM.
+``selective_rollout/plugins.py`` (read by ``BACKENDS``) naming it and its ``Params`` (the
+back-end's own ``engine.*`` keys, kept in a light module: ``engines/params.py`` for the shipped
+ones), or an entry point of the group "selective_rollout.engines" in a package of yours. Modules
+are imported only when that back-end is used, and none imports its generation library at module
+level, so the package and config validation work on machines without vLLM.
 """
 
 from __future__ import annotations
@@ -13,17 +13,19 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from selective_rollout.config.engine import EngineConfig
-from selective_rollout.plugins import BACKENDS
 from selective_rollout.rollout.engines.base import (
+    BACKENDS,
     Completion,
     CompletionOutput,
     EngineError,
     RolloutEngine,
     SamplingParams,
 )
+
+if TYPE_CHECKING:
+    from selective_rollout.config.engine import EngineConfig
 
 
 def engine_class(backend: str) -> type[RolloutEngine]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from selective_rollout.config.engine import MAX_TEMPERATURE, MIN_TEMPERATURE
+from selective_rollout.registry import Registry
 from selective_rollout.rollout.engines.params import BackendParams
 
 if TYPE_CHECKING:
@@ -23,6 +23,20 @@ if TYPE_CHECKING:
     from selective_rollout.weight_sync.collective import TensorSpec
 
 FinishReason = Literal["stop", "length", "abort"]
+
+# every back-end by name (lines of selective_rollout.plugins, entry points of the group
+# "selective_rollout.engines", or a class named by its path); ``requires`` in an entry's line names
+# the library it imports at run time, checked before Ray starts
+BACKENDS: Registry = Registry(
+    "back-end",
+    "selective_rollout.engines",
+    base=f"{__name__}:RolloutEngine",
+    params_base="selective_rollout.rollout.engines.params:BackendParams",
+    catalog="selective_rollout.plugins:BACKEND_CATALOG",
+)
+# Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63  # one below what torch.Generator.manual_seed accepts, leaving room for seed + n
 
 
@@ -86,7 +100,11 @@ class CompletionOutput:
     """One sampled reply. ``logprobs[i]`` is the model's untempered log-prob of ``token_ids[i]``.
 
     ``token_ids`` include the end-of-turn token when ``finish_reason == "stop"``: the learner
-    trains on exactly these ids.
+    trains on exactly these ids. ``versions[i]`` is the policy version of the oldest weights the
+    distribution that chose ``token_ids[i]`` depends on: those that computed its logits, or older
+    ones whose KV they attended to. Weights may reach an engine while a reply is decoded, so one
+    reply can span two versions where the engine recomputes the KV (vLLM) and keeps the version
+    of its start where it keeps the KV (transformers). Empty where the back-end does not know.
     """
 
     index: int
@@ -94,6 +112,7 @@ class CompletionOutput:
     logprobs: list[float]
     text: str
     finish_reason: FinishReason
+    versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -191,7 +210,7 @@ class RolloutEngine(ABC):
 
     async def location(self) -> dict[str, Any]:
         """This engine's Ray node and process (``placement.json``)."""
-        from selective_rollout.placement import here
+        from selective_rollout.process_memory import here
 
         return here()
 
@@ -204,7 +223,16 @@ class RolloutEngine(ABC):
 
 class WeightSync(ABC):
     """Capability: the learner's weights reach the engine, by broadcast over the sync group
-    (``init_weight_sync`` then ``receive_weights``) or by value (``load_weights``)."""
+    (``init_weight_sync`` then ``receive_weights``) or by value (``load_weights``).
+
+    Weights may arrive while requests are in flight: the engine holds them between two decode
+    steps, loads, and lets them go on under the new weights, so an update never waits for the
+    slowest reply. ``version`` is the policy version of the weights sent; a token whose
+    distribution depends on them alone carries it (``CompletionOutput.versions``). What an
+    in-flight reply keeps of the old weights is the back-end's to say (its docstring): the
+    transformers engine keeps the reply's KV (computed by the old weights), vLLM recomputes it
+    under the new ones.
+    """
 
     @abstractmethod
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
@@ -216,12 +244,14 @@ class WeightSync(ABC):
         return 1
 
     @abstractmethod
-    async def receive_weights(self, specs: list[TensorSpec]) -> None:
-        """Receive one broadcast per spec, in order, and load each under its HF name."""
+    async def receive_weights(self, specs: list[TensorSpec], version: int) -> None:
+        """Receive one broadcast per spec, in order, and load each under its HF name; the weights
+        are policy version ``version``."""
 
     @abstractmethod
-    async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
-        """Load full weights passed by value (Ray object store): the no-process-group fallback."""
+    async def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Load full weights passed by value (Ray object store): the no-process-group fallback;
+        the weights are policy version ``version``."""
 
     @abstractmethod
     async def weights_checksum(self) -> float:

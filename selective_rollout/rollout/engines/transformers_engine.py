@@ -191,16 +191,24 @@ class TransformersEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
     async def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, backend: str) -> None:
         await asyncio.to_thread(self._weights.join, host, port, rank, world_size, backend)
 
-    async def receive_weights(self, specs: list) -> None:
+    async def receive_weights(self, specs: list, version: int) -> None:
+        """Between two decode steps (the model lock): replies in flight go on, their next tokens
+        chosen by the new weights over the KV the old ones computed for their prompt and earlier
+        tokens. Such a token's distribution depends on both, so it keeps the version of the
+        weights at its reply's admission (``CompletionOutput.versions``: the oldest weights a
+        token depends on), and its log-prob is exactly that of the distribution that sampled it.
+        The sessions' cached KV, which later turns would reuse as their prompt, is dropped."""
         async with self._scheduler.model_lock():
             try:
                 await asyncio.to_thread(self._weights.receive, specs)
+                self._sampler.version = version
             finally:  # KV computed under the old weights is stale (also after a called-off sync)
                 self._store.clear()
 
-    async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+    async def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
         async with self._scheduler.model_lock():
             await asyncio.to_thread(self._weights.load, named_tensors)
+            self._sampler.version = version
             self._store.clear()
 
     async def score(self, token_ids: list[int]) -> list[float]:
@@ -225,6 +233,7 @@ class TransformersEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             "batch_rows": len(self._scheduler.batch.rows),
             "cached_sessions": len(self._store),
             "cached_kv_tokens": self._store.cached_tokens,
+            "weights_version": self._sampler.version,
             "uptime_s": time.monotonic() - self._started,
             "busy_s": self._busy.busy_s,
             **self._sampler.stats,

