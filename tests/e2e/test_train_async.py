@@ -141,3 +141,68 @@ def test_an_async_run_killed_with_a_rollout_in_flight_resumes_without_duplicates
     assert replayed and replayed[0] == next(
         json.loads(line)["task_id"] for line in (run_dir / "rollouts.jsonl.rewound").read_text().splitlines()
     )
+
+
+def test_an_update_sent_in_flight_reaches_the_next_turns_of_the_rollout_playing(
+    ray_cluster, tmp_path, monkeypatch
+):
+    """``driver.sync_in_flight``: iteration 0's update is sent while iteration 1's rollout plays.
+    That rollout's second turns are held (tests/env/held_env.py) until the sync is done, so they
+    are certainly sampled by the new weights: they carry the new version in the log
+    (``version_runs``) and are fresh to the learner, while the group keeps the version its rollout
+    started under. The update is certain too: with a KL term no step is skipped."""
+    from selective_rollout.driver import Driver
+    from selective_rollout.driver.actors import RunActors
+    from selective_rollout.driver.pipeline import RolloutPipeline
+
+    armed, release = tmp_path / "armed", tmp_path / "release"
+    prefetch, sync = RolloutPipeline.prefetch, RunActors.sync_weights
+
+    def arm_then_prefetch(self, iteration: int) -> None:
+        if iteration == 1:
+            armed.touch()  # iteration 1's second turns wait for the release
+        prefetch(self, iteration)
+
+    def sync_then_release(self, version: int, attempts: int = 3) -> float:
+        seconds = sync(self, version, attempts)
+        if armed.exists():
+            release.touch()
+        return seconds
+
+    monkeypatch.setattr(RolloutPipeline, "prefetch", arm_then_prefetch)
+    monkeypatch.setattr(RunActors, "sync_weights", sync_then_release)
+    run_dir = tmp_path / "run"
+    cfg = arithmetic_config(
+        tmp_path,
+        run_dir,
+        [
+            "env.name=tests.env.held_env:Held",
+            f"env.armed={armed}",
+            f"env.release={release}",
+            "warm_start.enabled=false",
+            "driver.iterations=2",
+            "driver.pipeline=async",
+            "driver.sync_in_flight=true",
+            "trainer.policy_loss=decoupled_ppo",
+            "trainer.kl_coef=0.01",
+        ],
+    )
+    driver = Driver(cfg, run_dir)
+    try:
+        driver.run()
+    finally:
+        driver.close()
+
+    metrics = {
+        m["iteration"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "pipeline/staleness" in m
+    }
+    assert metrics[0]["pipeline/syncs"] == 1  # iteration 0's update, sent while iteration 1 played
+    assert metrics[1]["pipeline/rollout_version"] == 0  # iteration 1 started before that update
+    later = [g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 1]
+    assert later and all(g.policy_version == 0 for g in later)
+    for group in later:
+        for traj in group.trajectories:
+            second = traj.steps[1]
+            assert second.version_runs == [[1, second.completion_tokens]], group.group_id
+    # the second turns' tokens are fresh to the learner at version 1: not every token is stale
+    assert metrics[1]["offpolicy/stale_token_frac"] < 1
