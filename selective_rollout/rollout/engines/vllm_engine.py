@@ -21,6 +21,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
         self.version = 0  # the policy version of the loaded weights
         # per request in flight: its latest output per index, and each weight load it spanned as
         # (tokens each output had before it, the version loaded)
-        self._latest: dict[str, dict[int, Any]] = {}
+        self._latest: dict[str, dict[int, _Reply]] = {}
         self._switches: dict[str, list[tuple[dict[int, int], int]]] = {}
         self._score_ids = itertools.count()
         self._started = time.monotonic()
@@ -123,7 +124,9 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             "seed": sp.seed if self._per_request_seed else None,
             "stop_token_ids": sp.stop_token_ids,
             "logprobs": 0,  # the sampled token's own log-prob
-            "output_kind": RequestOutputKind.FINAL_ONLY,
+            # each step's new tokens: a reply's progress is known while it decodes (a weight load
+            # mid-reply records where each output was), at no quadratic re-sending cost
+            "output_kind": RequestOutputKind.DELTA,
         }
         if sp.choices:
             kwargs["structured_outputs"] = StructuredOutputsParams(choice=list(sp.choices))
@@ -155,7 +158,7 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             raise EngineError(f"request {request_id}: engine is shut down")
         sampling.validate()
         ids = self._prompt_ids(request_id, prompt)
-        latest: dict[int, Any] = {}
+        latest: dict[int, _Reply] = {}
         cached, started = 0, self.version
         self._running.add(request_id)
         self._latest[request_id], self._switches[request_id] = latest, []
@@ -167,7 +170,7 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
                 ):
                     cached = max(cached, int(getattr(out, "num_cached_tokens", 0) or 0))
                     for o in out.outputs:  # with n > 1, outputs arrive per index: collect by index
-                        latest[o.index] = o
+                        latest.setdefault(o.index, _Reply()).add(o)
             finally:
                 self._running.discard(request_id)
                 self._latest.pop(request_id, None)
@@ -180,8 +183,7 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
                 if o is None:
                     outputs.append(CompletionOutput(index, [], [], "", "abort"))
                     continue
-                token_ids = list(o.token_ids)
-                logprobs = [lp[t].logprob for lp, t in zip(o.logprobs or [], token_ids, strict=False)]
+                token_ids, logprobs = o.token_ids, o.logprobs
                 reason = "abort" if aborted or o.finish_reason == "abort" else o.finish_reason
                 versions = token_versions(started, switches, index, len(token_ids))
                 if sampling.choices and reason == "stop" and self.params.rescore_choices:
@@ -315,7 +317,7 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             "alive": self.engine is not None and not self.engine.errored,
             "running_requests": len(self._running),
             # tokens the replies still in flight have produced so far
-            "in_flight_tokens": sum(len(o.token_ids) for out in self._latest.values() for o in out.values()),
+            "in_flight_tokens": sum(len(r.token_ids) for out in self._latest.values() for r in out.values()),
             "weights_version": self.version,
             "uptime_s": time.monotonic() - self._started,
             "busy_s": self._busy.busy_s,
@@ -330,6 +332,24 @@ class VLLMEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             # with half-torn-down modules.
             engine, self.engine = self.engine, None
             engine.shutdown()
+
+
+@dataclass
+class _Reply:
+    """One output of a request as its deltas arrive: the tokens, their log-probs and the text so
+    far, and the finish reason of the last delta."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+    def add(self, delta: Any) -> None:
+        new = list(delta.token_ids)
+        self.logprobs += [lp[t].logprob for lp, t in zip(delta.logprobs or [], new, strict=False)]
+        self.token_ids += new
+        self.text += delta.text
+        self.finish_reason = delta.finish_reason
 
 
 def token_versions(start: int, switches: list[tuple[dict[int, int], int]], index: int, n: int) -> list[int]:
