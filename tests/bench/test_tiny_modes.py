@@ -57,6 +57,7 @@ BENCH = {
     "engine_memory.py": ([], ["| allocator |", "| glibc |", "| jemalloc |", "jemalloc / glibc"]),
     "infer_savings.py": ([], ["G=2, gate prefix_edit", "groups 1, fired"]),
     "langgraph_gate.py": ([], ["1 games, gate fired in"]),
+    "version_change.py": ([], ["| none |", "| update |", "version change: update - none"]),
     "learner_step.py": ([], ['"zero2_x2"', '"packed_vs_per_step"', '"projection"', '"checksum_ok": true']),
 }
 

@@ -230,6 +230,10 @@ class TransformersEngine(RolloutEngine, WeightSync, LogprobProbe, CacheControl):
             "model": self.model_path,
             "alive": not self._scheduler.closed,
             "running_requests": len(self._scheduler.requests),
+            # tokens the replies still in flight have scored so far
+            "in_flight_tokens": sum(
+                len(s.logprobs) for r in list(self._scheduler.requests.values()) for s in r.seqs
+            ),
             "batch_rows": len(self._scheduler.batch.rows),
             "cached_sessions": len(self._store),
             "cached_kv_tokens": self._store.cached_tokens,
