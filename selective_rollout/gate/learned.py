@@ -263,7 +263,7 @@ def fit_model(
 
 class LearnedParams(GateParams):
     model_path: str | None = Field(
-        None, description="the model file written by python -m selective_rollout.gate.offline.fit (required)"
+        None, description="the model file written by python -m selective_rollout.analysis.gate_eval.fit (required)"
     )
 
     p_stop: float | None = Field(
@@ -301,7 +301,7 @@ class LearnedParams(GateParams):
 
 class LearnedGate(Gate):
     """A logistic model of P(zero variance) over the divergence features at the decision step (and
-    the step), fit offline by ``python -m selective_rollout.gate.offline.fit``; stops when P >= its
+    the step), fit offline by ``python -m selective_rollout.analysis.gate_eval.fit``; stops when P >= its
     threshold."""
 
     Params = LearnedParams
