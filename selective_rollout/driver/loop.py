@@ -97,6 +97,16 @@ class Driver:
     def coordinator(self) -> Any:
         return self.actors.coordinator
 
+    def send_weights(self, version: int) -> float:
+        """Sync the learner's weights, policy ``version``, to every engine and tell the rollout
+        service, so that a group it starts from now on carries that version (a rollout may be in
+        flight: ``driver.sync_in_flight``); returns the sync's seconds."""
+        import ray
+
+        seconds = self.actors.sync_weights(version)
+        ray.get(self.coordinator.weights_updated.remote(version), timeout=60)
+        return seconds
+
     def resume(self) -> None:
         """Load the last checkpoint, if any; either way sync the engines once before anything is
         played, so that a sync or serving fault shows in seconds (``verify_served_weights``), not
@@ -105,7 +115,7 @@ class Driver:
         if extra is not None:
             self.state.update(extra)
             log.info("resumed at iteration %d from %s", self.state["iteration"], self.ckpt_dir)
-        seconds = self.actors.sync_weights(int(self.state.get("policy_version", 0)))
+        seconds = self.send_weights(int(self.state.get("policy_version", 0)))
         log.info("weight sync at start-up: %.1f s", seconds)
 
     def check_update(self) -> dict[str, float]:
@@ -125,7 +135,7 @@ class Driver:
         before = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
         trained = self.learner.train_step(batch)
         self.state["policy_version"] = self.state.get("policy_version", 0) + 1
-        self.actors.sync_weights(self.state["policy_version"])
+        self.send_weights(self.state["policy_version"])
         after = ray.get(self.engines[0].score.remote(self.actors.probe_ids), timeout=600)
         metrics = update_check.verdict(trained, update_check.served_shift(before, after))
         metrics["check/served_logprob_gap"] = self.actors.served_gap
@@ -167,7 +177,7 @@ class Driver:
             self.cfg.driver.max_staleness,
             self._start_rollout,
             self._wait_rollout,
-            self.actors.sync_weights,
+            self.send_weights,
             version=int(self.state.get("policy_version", 0)),
             cursor=int(self.state["cursor"]),
             sync_in_flight=self.cfg.driver.sync_in_flight,

@@ -132,6 +132,9 @@ class CoordinatorActor(RolloutService):
         self.coordinator.replace_engine(index, engine)
         self.evaluator.replace_engine(index, engine)
 
+    async def weights_updated(self, version: int) -> None:
+        self.coordinator.version = self.evaluator.version = version
+
     async def progress(self) -> tuple[int, int]:
         (tokens, steps), (eval_tokens, eval_steps) = self.coordinator.progress(), self.evaluator.progress()
         return tokens + eval_tokens, steps + eval_steps

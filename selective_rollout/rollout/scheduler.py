@@ -55,6 +55,7 @@ class GroupScheduler(RolloutSource):
     ) -> None:
         self.cfg = cfg
         self.rc = cfg.rollout
+        self.version = 0  # the engines' policy version: what a group started now carries
         self.strategy = STRATEGIES.build(self.rc.strategy, self.rc, seed=cfg.seed)
         self.gate = cfg.gate.build() if self.strategy.uses_gate else NoGate()
         slots = EngineSlots(engines, self.rc.engine_replace_timeout_s)
@@ -87,13 +88,16 @@ class GroupScheduler(RolloutSource):
     # ------------------------------------------------------------------ scheduling
     async def rollout(self, tasks: Sequence[Task], iteration: int = 0, version: int = 0) -> RolloutBatch:
         """Roll out groups from ``tasks`` (in order) until the iteration's batch is complete;
-        ``version`` is the engines' policy version, carried by every group and experience.
+        ``version`` is the engines' policy version, carried by every group and experience (a
+        group started after newer weights reached the engines carries theirs: ``version`` is
+        updated meanwhile by ``weights_updated``).
 
         With ``refill`` the batch is topped up to ``groups_per_iteration`` trainable groups
         (cut, filtered and failed groups are replaced by new tasks) up to a cap of
         ``max_groups_factor`` x target started groups; without it exactly the target number of
         groups is started and cut ones simply leave the batch (the paper's protocol).
         """
+        self.version = version
         target = self.rc.groups_per_iteration
         cap = target if not self.rc.refill else max(target, int(target * self.rc.max_groups_factor))
         slots = self.turns.slots
@@ -122,16 +126,16 @@ class GroupScheduler(RolloutSource):
                     cursor += 1
                     if task.task_id in self._bad_games:
                         records.append(
-                            self._skipped_record(task, iteration, version, self._bad_games[task.task_id])
+                            self._skipped_record(task, iteration, self.version, self._bad_games[task.task_id])
                         )
                         continue
                     if not self.strategy.admit(task.task_id):
                         records.append(
-                            self._skipped_record(task, iteration, version, "skipped by the strategy")
+                            self._skipped_record(task, iteration, self.version, "skipped by the strategy")
                         )
                         continue
                 group = self._new_group(task, iteration)
-                group.policy_version = version
+                group.policy_version = self.version
                 fut = asyncio.create_task(self._run(task, group))
                 self._active.add(fut)
                 fut.add_done_callback(self._active.discard)

@@ -46,6 +46,11 @@ class RolloutService(ABC):
     async def replace_engine(self, index: int, engine: Any) -> None:
         """A fresh engine takes over slot ``index``; groups that failed with the old one retry."""
 
+    @abstractmethod
+    async def weights_updated(self, version: int) -> None:
+        """The engines now serve policy ``version``, possibly sent while a rollout plays
+        (``driver.sync_in_flight``): every group started from now on carries it."""
+
     # -- figures and operations ---------------------------------------------------------------
     @abstractmethod
     async def env_metrics(self) -> dict[str, float]:

@@ -143,34 +143,35 @@ def test_an_async_run_killed_with_a_rollout_in_flight_resumes_without_duplicates
     )
 
 
-def test_an_update_sent_in_flight_reaches_the_next_turns_of_the_rollout_playing(
+def test_an_update_sent_in_flight_reaches_the_rollout_playing_and_a_freed_slot_takes_it(
     ray_cluster, tmp_path, monkeypatch
 ):
     """``driver.sync_in_flight``: iteration 0's update is sent while iteration 1's rollout plays.
-    That rollout's second turns are held (tests/env/held_env.py) until the sync is done, so they
-    are certainly sampled by the new weights: they carry the new version in the log
-    (``version_runs``) and are fresh to the learner, while the group keeps the version its rollout
-    started under. The update is certain too: with a KL term no step is skipped."""
+    That rollout's first two groups have their second turns held (tests/env/held_env.py) until the
+    update has reached the engines and the rollout service, so those turns are certainly sampled by
+    the new weights: they carry the new version in the log (``version_runs``) and are fresh to the
+    learner, while their groups keep the version they started under. The third group can only
+    start in a slot one of them frees, so it starts under the new version whole. The update is
+    certain too: with a KL term no step is skipped."""
     from selective_rollout.driver import Driver
-    from selective_rollout.driver.actors import RunActors
     from selective_rollout.driver.pipeline import RolloutPipeline
 
     armed, release = tmp_path / "armed", tmp_path / "release"
-    prefetch, sync = RolloutPipeline.prefetch, RunActors.sync_weights
+    prefetch, send = RolloutPipeline.prefetch, Driver.send_weights
 
     def arm_then_prefetch(self, iteration: int) -> None:
         if iteration == 1:
             armed.touch()  # iteration 1's second turns wait for the release
         prefetch(self, iteration)
 
-    def sync_then_release(self, version: int, attempts: int = 3) -> float:
-        seconds = sync(self, version, attempts)
+    def send_then_release(self, version: int) -> float:
+        seconds = send(self, version)
         if armed.exists():
             release.touch()
         return seconds
 
     monkeypatch.setattr(RolloutPipeline, "prefetch", arm_then_prefetch)
-    monkeypatch.setattr(RunActors, "sync_weights", sync_then_release)
+    monkeypatch.setattr(Driver, "send_weights", send_then_release)
     run_dir = tmp_path / "run"
     cfg = arithmetic_config(
         tmp_path,
@@ -180,6 +181,8 @@ def test_an_update_sent_in_flight_reaches_the_next_turns_of_the_rollout_playing(
             f"env.armed={armed}",
             f"env.release={release}",
             "warm_start.enabled=false",
+            "rollout.groups_per_iteration=3",
+            "rollout.max_groups_in_flight=2",  # the third group waits for a slot
             "driver.iterations=2",
             "driver.pipeline=async",
             "driver.sync_in_flight=true",
@@ -198,11 +201,16 @@ def test_an_update_sent_in_flight_reaches_the_next_turns_of_the_rollout_playing(
     }
     assert metrics[0]["pipeline/syncs"] == 1  # iteration 0's update, sent while iteration 1 played
     assert metrics[1]["pipeline/rollout_version"] == 0  # iteration 1 started before that update
-    later = [g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 1]
-    assert later and all(g.policy_version == 0 for g in later)
-    for group in later:
+    later = sorted(
+        (g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 1),
+        key=lambda g: int(g.group_id.rsplit("g", 1)[1]),
+    )
+    assert [g.policy_version for g in later] == [0, 0, 1]
+    for group in later[:2]:  # started under version 0, second turns held until version 1 arrived
         for traj in group.trajectories:
             second = traj.steps[1]
             assert second.version_runs == [[1, second.completion_tokens]], group.group_id
+    # the refill started under version 1: every reply at its group's version, nothing to log
+    assert all(not s.version_runs for traj in later[2].trajectories for s in traj.steps)
     # the second turns' tokens are fresh to the learner at version 1: not every token is stale
     assert metrics[1]["offpolicy/stale_token_frac"] < 1
