@@ -35,15 +35,9 @@ FLOORS = {
     "weight_sync": 1,
     "reporting": 1,  # what a run writes about itself while it runs (metrics, idle shares)
     "rollout": 2,
-    # the rollout contracts that own registries the config reads: below the config's floor
-    "rollout.source": 1,
-    "rollout.strategies": 1,
-    "rollout.engines.base": 1,
-    "rollout.engines.params": 1,
     "integrations": 2,
     "warm_start_cache": 2,  # where a warm start is cached: what the learner's export needs of it
     "learner": 3,
-    "learner.losses": 1,  # the loss registries and parameters the config reads (torch loaded on use)
     "sft": 4,  # builds the warm start with the learner's modelling
     "driver": 5,
     "analysis": 6,  # the offline analysis: over logs, runs and experiments; nothing run-time imports it

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from selective_rollout.registry import Registry, bind
+from selective_rollout.registry import Registry, bind, load
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -33,21 +33,23 @@ class EntrySection(Section):
     keys take their defaults (a dumped config says exactly what ran). A ``Params`` field that is
     also a key of the section is shared: the entry reads the section's value and does not own it.
 
-    A subclass with one selector sets ``selector`` and ``registry``; one with several overrides
-    ``selectors``. Only ``Params`` models are read here, which the registry loads without
-    importing the entries that live in heavy modules.
+    A subclass with one selector sets ``selector`` and ``registry_at``, the registry's
+    ``"module:NAME"``, loaded on first use: the config imports none of the packages whose entries
+    it validates (they import the config), and reads only ``Params`` models, which a registry
+    loads without importing the entries that live in heavy modules. One with several selectors
+    overrides ``selectors``.
     """
 
     # the selected entries' own parameters are extra keys, checked by _own_params below
     model_config = ConfigDict(extra="allow")
 
     selector: ClassVar[str]
-    registry: ClassVar[Registry]
+    registry_at: ClassVar[str]
 
     @classmethod
     def selectors(cls) -> dict[str, Registry]:
         """Each selector key and the registry whose entry it names."""
-        return {cls.selector: cls.registry}
+        return {cls.selector: load(cls.registry_at)}
 
     @classmethod
     def _key(cls, key: str | None) -> str:
@@ -145,4 +147,4 @@ class EntrySection(Section):
     def build(self, **context: Any) -> Any:
         """The selected entry bound to this section (``registry.build``); ``context`` is what the
         kind passes besides its parameters."""
-        return self.registry.build(getattr(self, self.selector), self, **context)
+        return self.selectors()[self.selector].build(getattr(self, self.selector), self, **context)

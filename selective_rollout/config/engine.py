@@ -6,13 +6,15 @@ dtype) and, as flat keys, the selected back-end's own parameters (``engine.threa
 needs no change here.
 """
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.registry import Registry
-from selective_rollout.rollout.engines.base import BACKENDS, MAX_TEMPERATURE, MIN_TEMPERATURE
+
+# Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
 
 
 class EngineConfig(EntrySection):
@@ -21,7 +23,7 @@ class EngineConfig(EntrySection):
     Besides the keys below, the selected back-end's own parameters are keys of this section."""
 
     selector = "backend"
-    registry: ClassVar[Registry] = BACKENDS
+    registry_at = "selective_rollout.rollout.engines.base:BACKENDS"
 
     backend: str = Field(
         "transformers",

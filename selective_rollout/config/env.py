@@ -10,13 +10,10 @@ needs no change here.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from selective_rollout.config.base import EntrySection
 from selective_rollout.envs.base import ENVS, Environment, EnvParams
-from selective_rollout.registry import Registry
 
 _SHARED = EnvParams.model_fields
 
@@ -29,7 +26,7 @@ class EnvConfig(EntrySection):
     """
 
     selector = "name"
-    registry: ClassVar[Registry] = ENVS
+    registry_at = "selective_rollout.envs.base:ENVS"
 
     name: str = Field(
         "alfworld",

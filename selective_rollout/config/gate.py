@@ -10,13 +10,11 @@ model, without building the gate.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
 
 from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection
 from selective_rollout.gate.base import GATES, Gate, GateParams, Mode
-from selective_rollout.registry import Registry
 
 
 class GateConfig(EntrySection):
@@ -27,7 +25,7 @@ class GateConfig(EntrySection):
     """
 
     selector = "name"
-    registry: ClassVar[Registry] = GATES
+    registry_at = "selective_rollout.gate.base:GATES"
 
     name: str = Field(
         "prefix_edit",

@@ -5,14 +5,12 @@ and the selected strategy's own parameters are flat keys of this section (``roll
 declared by the strategy's ``Params``, so a new strategy needs no change here.
 """
 
-from typing import ClassVar
-
 from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.registry import Registry
-from selective_rollout.rollout.source import ROLLOUT_MODES
-from selective_rollout.rollout.strategies import STRATEGIES
+from selective_rollout.registry import load
+
+ROLLOUT_MODES_AT = "selective_rollout.rollout.source:ROLLOUT_MODES"  # loaded on use, as the strategies
 
 
 class RolloutConfig(EntrySection):
@@ -21,7 +19,7 @@ class RolloutConfig(EntrySection):
     Besides the keys below, the selected strategy's own parameters are keys of this section."""
 
     selector = "strategy"
-    registry: ClassVar[Registry] = STRATEGIES
+    registry_at = "selective_rollout.rollout.strategies:STRATEGIES"
 
     strategy: str = Field(
         "selective",
@@ -72,13 +70,14 @@ class RolloutConfig(EntrySection):
     @field_validator("mode")
     @classmethod
     def _registered_mode(cls, value: str) -> str:
-        if value not in ROLLOUT_MODES:
-            raise ValueError(ROLLOUT_MODES.unknown(value))
+        modes = load(ROLLOUT_MODES_AT)
+        if value not in modes:
+            raise ValueError(modes.unknown(value))
         if ":" in value:  # a schedule named by its path: imported now, so a typo is a config error
-            ROLLOUT_MODES.get(value)
+            modes.get(value)
         return value
 
     @property
     def uses_gate(self) -> bool:
         """Whether the selected strategy consults the gate (so the gate's settings matter)."""
-        return bool(STRATEGIES.get(self.strategy).uses_gate)
+        return bool(self.selectors()[self.selector].get(self.strategy).uses_gate)

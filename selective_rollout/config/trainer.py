@@ -5,8 +5,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from selective_rollout.config.base import EntrySection, Section
-from selective_rollout.learner.losses import LOSS_REGISTRIES
-from selective_rollout.registry import Registry
+from selective_rollout.registry import Registry, load
 
 
 class LoraConfig(Section):
@@ -91,7 +90,7 @@ class TrainerConfig(EntrySection):
 
     @classmethod
     def selectors(cls) -> dict[str, Registry]:
-        return LOSS_REGISTRIES
+        return dict(load("selective_rollout.learner.losses:LOSS_REGISTRIES"))
 
     @field_validator("adam_betas")
     @classmethod

@@ -8,12 +8,9 @@ rule's audits (``audit_target``) and, as flat keys, the selected rule's own para
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from selective_rollout.config.base import EntrySection
-from selective_rollout.registry import Registry
 from selective_rollout.trajectory_stop.base import TRAJECTORY_STOPS, TrajectoryRule, TrajectoryStopParams
 
 
@@ -27,7 +24,7 @@ class TrajectoryStopConfig(EntrySection):
     """
 
     selector = "name"
-    registry: ClassVar[Registry] = TRAJECTORY_STOPS
+    registry_at = "selective_rollout.trajectory_stop.base:TRAJECTORY_STOPS"
 
     name: str = Field(
         "none",

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from selective_rollout.config.engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 from selective_rollout.registry import Registry
 from selective_rollout.rollout.engines.params import BackendParams
 
@@ -34,9 +35,6 @@ BACKENDS: Registry = Registry(
     params_base="selective_rollout.rollout.engines.params:BackendParams",
     catalog="selective_rollout.plugins:BACKEND_CATALOG",
 )
-# Below MIN_TEMPERATURE, logits / T overflows to inf in fp32 and the softmax is NaN: use 0 (greedy).
-MIN_TEMPERATURE = 1e-2
-MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63  # one below what torch.Generator.manual_seed accepts, leaving room for seed + n
 
 
