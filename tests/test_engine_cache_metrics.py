@@ -50,5 +50,5 @@ def test_reset_cache_retries_while_blocks_are_held(monkeypatch):
 def test_reset_cache_refuses_to_go_on_with_a_cache_it_could_not_drop(monkeypatch):
     monkeypatch.setattr(vllm_engine, "RESET_CACHE_WAIT_S", 0.2)
     cache = _HoldingCache(refusals=10**9)
-    with pytest.raises(EngineError, match=r"kept its prefix cache .*1 requests running.*previous weights"):
+    with pytest.raises(EngineError, match=r"kept its prefix cache .*1 requests running.*not reset"):
         asyncio.run(_engine(cache).reset_cache())

@@ -81,7 +81,7 @@ def _engine(workers: list[WorkerDouble]) -> VLLMEngine:
     engine = object.__new__(VLLMEngine)
     engine.engine = ReplyQueueEngine(workers)
     engine.params = SimpleNamespace(tensor_parallel_size=len(workers))
-    engine._running = set()
+    engine._running, engine._latest, engine._switches, engine.version = set(), {}, {}, 0
     return engine
 
 
@@ -89,7 +89,7 @@ async def _sync(engine: VLLMEngine, learner: Learner) -> None:
     learner.start()
     try:
         await engine.init_weight_sync("127.0.0.1", learner.store.port, 1, 1 + TP, "gloo")
-        await engine.receive_weights(SPECS)
+        await engine.receive_weights(SPECS, 1)
     finally:
         learner.finish()
 
@@ -101,7 +101,9 @@ def test_after_a_called_off_sync_every_call_reads_its_own_replies() -> None:
         with pytest.raises(EngineError, match=r"worker 0: SyncAborted: .*engine 2 died.*; worker 1: "):
             asyncio.run(_sync(engine, Learner(call_off_after=2)))
         assert engine.engine.unread() == [0] * TP  # nothing left for the next call to read
+        assert engine.engine.paused is None and engine.version == 0  # resumed; the version kept
         asyncio.run(_sync(engine, Learner()))  # the driver's retry, on a new group
+        assert engine.version == 1
         for worker in workers:
             assert list(worker.loaded) == list(WEIGHTS)
             assert all(torch.equal(worker.loaded[n], t) for n, t in WEIGHTS.items())

@@ -63,6 +63,7 @@ class ReplyQueueEngine:
 
     def __init__(self, workers: list[WeightSyncExtension]) -> None:
         self.workers = workers
+        self.paused: tuple[str, bool] | None = None
         self.replies: list[queue.Queue] = [queue.Queue() for _ in workers]
         self._processes = [ThreadPoolExecutor(1) for _ in workers]  # one call at a time per worker
 
@@ -82,6 +83,13 @@ class ReplyQueueEngine:
 
     async def reset_prefix_cache(self) -> bool:
         return True
+
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        """What a weight load holds the scheduler with; recorded, so a test sees it let go."""
+        self.paused = (mode, clear_cache)
+
+    async def resume_generation(self) -> None:
+        self.paused = None
 
     def unread(self) -> list[int]:
         """Each worker's replies nobody read, once every worker has finished what it was sent."""
