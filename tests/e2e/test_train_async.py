@@ -12,7 +12,7 @@ import pytest
 
 from selective_rollout.analysis.report import report_run
 from selective_rollout.precision import engine_dtype
-from selective_rollout.records import read_groups
+from selective_rollout.records import Outcome, read_groups
 from selective_rollout.reporting.metrics_log import read_metrics
 from tests.e2e.test_train_arithmetic import arithmetic_config
 
@@ -143,16 +143,18 @@ def test_an_async_run_killed_with_a_rollout_in_flight_resumes_without_duplicates
     )
 
 
-def test_an_update_sent_in_flight_reaches_the_rollout_playing_and_a_freed_slot_takes_it(
+def test_an_update_sent_in_flight_reaches_the_rollout_playing_and_a_cut_groups_slot_takes_it(
     ray_cluster, tmp_path, monkeypatch
 ):
     """``driver.sync_in_flight``: iteration 0's update is sent while iteration 1's rollout plays.
     That rollout's first two groups have their second turns held (tests/env/held_env.py) until the
-    update has reached the engines and the rollout service, so those turns are certainly sampled by
-    the new weights: they carry the new version in the log (``version_runs``) and are fresh to the
-    learner, while their groups keep the version they started under. The third group can only
-    start in a slot one of them frees, so it starts under the new version whole. The update is
-    certain too: with a KL term no step is skipped."""
+    update has reached the engines and the rollout service. Then the gate cuts one of them (the
+    first it is asked about, tests/gate/cut_once.py) and the other plays on: its second turns are
+    certainly sampled by the new weights, so they carry the new version in the log
+    (``version_runs``) and are fresh to the learner, while both groups keep the version they
+    started under. Two slots exist, so the two groups started next (the refill of the cut one
+    and the batch's third) take the slots the cut and the finished group freed, under the new
+    version whole. The update is certain too: with a KL term no step is skipped."""
     from selective_rollout.driver import Driver
     from selective_rollout.driver.pipeline import RolloutPipeline
 
@@ -180,9 +182,15 @@ def test_an_update_sent_in_flight_reaches_the_rollout_playing_and_a_freed_slot_t
             "env.name=tests.env.held_env:Held",
             f"env.armed={armed}",
             f"env.release={release}",
+            "rollout.strategy=selective",
+            "gate.name=tests.gate.cut_once:CutOnce",
+            f"gate.after={release}",
+            "gate.k=1",  # asked once the held first step is over
+            "rollout.audit_budget=0",  # the gate's cut is a cut, not an audit
+            "rollout.refill=true",
             "warm_start.enabled=false",
             "rollout.groups_per_iteration=3",
-            "rollout.max_groups_in_flight=2",  # the third group waits for a slot
+            "rollout.max_groups_in_flight=2",  # a third group waits for a slot
             "driver.iterations=2",
             "driver.pipeline=async",
             "driver.sync_in_flight=true",
@@ -205,12 +213,17 @@ def test_an_update_sent_in_flight_reaches_the_rollout_playing_and_a_freed_slot_t
         (g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration == 1),
         key=lambda g: int(g.group_id.rsplit("g", 1)[1]),
     )
-    assert [g.policy_version for g in later] == [0, 0, 1]
-    for group in later[:2]:  # started under version 0, second turns held until version 1 arrived
-        for traj in group.trajectories:
-            second = traj.steps[1]
-            assert second.version_runs == [[1, second.completion_tokens]], group.group_id
-    # the refill started under version 1: every reply at its group's version, nothing to log
-    assert all(not s.version_runs for traj in later[2].trajectories for s in traj.steps)
+    assert [g.policy_version for g in later] == [0, 0, 1, 1]
+    held = {g.outcome: g for g in later[:2]}  # started under version 0, held until version 1 arrived
+    assert set(held) == {Outcome.CUT, Outcome.COMPLETED}
+    assert all(len(t.steps) == 1 for t in held[Outcome.CUT].trajectories)  # cut before its second turn
+    for traj in held[Outcome.COMPLETED].trajectories:
+        second = traj.steps[1]
+        assert second.version_runs == [[1, second.completion_tokens]], traj.index
+    # the groups started in the freed slots, the cut one's among them, played under version 1
+    # whole: every reply at its group's version, nothing to log
+    assert all(g.outcome is Outcome.COMPLETED for g in later[2:])
+    assert all(not s.version_runs for g in later[2:] for traj in g.trajectories for s in traj.steps)
+    assert metrics[1]["rollout/groups_cut"] == 1 and metrics[1]["rollout/groups_trained"] == 3
     # the second turns' tokens are fresh to the learner at version 1: not every token is stale
     assert metrics[1]["offpolicy/stale_token_frac"] < 1
