@@ -157,7 +157,7 @@ def main() -> None:
         if tokens_saved > 0:
             print(f"  wall-saved / tokens-saved = {wall_saved / tokens_saved:.2f}  (target >= 0.90)")
     if "lockstep" not in skip:
-        from selective_rollout.plugins import ROLLOUT_MODES
+        from selective_rollout.rollout.source import ROLLOUT_MODES
 
         print("\n[2] concurrent coordinator vs the paper's lock-step loop (gate off, same tasks)")
         common = ["rollout.strategy=none", "rollout.refill=false", f"rollout.groups_per_iteration={n}"]
