@@ -240,6 +240,8 @@ def throughput_rows(throughput: dict[str, float] | None) -> list[str]:
         f"| delivered | {throughput['informative_groups_per_hour']:.1f} informative groups trained per "
         f"hour of iterations; {throughput['trained_tokens_per_engine_s']:.1f} trained tokens per "
         "engine-second |",
+        f"| learner | {throughput['learner_step_s']:.1f} s a step, "
+        f"{throughput['trained_tokens_per_iteration']:.0f} trained tokens per iteration |",
     ]
 
 

@@ -263,7 +263,8 @@ def fit_model(
 
 class LearnedParams(GateParams):
     model_path: str | None = Field(
-        None, description="the model file written by python -m selective_rollout.analysis.gate_eval.fit (required)"
+        None,
+        description="the model file written by python -m selective_rollout.analysis.gate_eval.fit (required)",
     )
 
     p_stop: float | None = Field(

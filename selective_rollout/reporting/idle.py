@@ -42,16 +42,21 @@ def idle_metrics(
 def throughput_summary(
     metrics: Sequence[Mapping[str, Any]], informative_trained: int, wall_s: float
 ) -> dict[str, float] | None:
-    """The run's idle shares over all its iterations, informative groups trained per hour and
-    trained tokens per engine-second; None for a log written before the idle figures."""
+    """The run's idle shares over all its iterations, informative groups trained per hour,
+    trained tokens per engine-second, and the learner's mean step and trained tokens per
+    iteration (which side is the long one, and why); None for a log written before the idle
+    figures."""
     rows = [m for m in metrics if m.get("iteration", -1) >= 0 and "system/engine_busy_s" in m]
     if not rows or wall_s <= 0:
         return None
     iteration_s = sum(m["system/iteration_s"] for m in rows)
     engine_s = sum(m["system/engines"] * m["system/iteration_s"] for m in rows)
+    trained_tokens = sum(m.get("train/tokens", 0.0) for m in rows)
     return {
         "engine_wait_frac": max(0.0, 1.0 - sum(m["system/engine_busy_s"] for m in rows) / engine_s),
         "learner_wait_frac": max(0.0, 1.0 - sum(m["system/learner_busy_s"] for m in rows) / iteration_s),
         "informative_groups_per_hour": informative_trained / (wall_s / 3600.0),
-        "trained_tokens_per_engine_s": sum(m.get("train/tokens", 0.0) for m in rows) / engine_s,
+        "trained_tokens_per_engine_s": trained_tokens / engine_s,
+        "learner_step_s": sum(m["system/learner_busy_s"] for m in rows) / len(rows),
+        "trained_tokens_per_iteration": trained_tokens / len(rows),
     }

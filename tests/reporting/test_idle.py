@@ -39,6 +39,8 @@ def test_the_run_pools_its_iterations_by_their_seconds() -> None:
             "learner_wait_frac": 1 - 50.0 / 150.0,
             "informative_groups_per_hour": 3 / (150.0 / 3600.0),
             "trained_tokens_per_engine_s": 500.0 / 150.0,
+            "learner_step_s": (10.0 + 40.0) / 2,
+            "trained_tokens_per_iteration": 500.0 / 2,
         }
     )
     assert throughput_summary(rows[:1], 3, 150.0) is None  # a log from before the idle figures
@@ -62,6 +64,7 @@ def test_the_run_report_says_who_waited_and_what_was_delivered(tmp_path) -> None
         "0.0 informative groups trained per hour of iterations; 4.5 trained tokens per engine-second"
         in report
     )
+    assert "| learner | 20.0 s a step, 900 trained tokens per iteration |" in report
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "rollout/wall_s": 1.0}) + "\n")
     assert (
         "| hardware waiting | not recorded"

@@ -99,6 +99,8 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "informative_per_hour": throughput.get("informative_groups_per_hour"),
         "engine_wait_frac": throughput.get("engine_wait_frac"),
         "learner_wait_frac": throughput.get("learner_wait_frac"),
+        "learner_step_s": throughput.get("learner_step_s"),
+        "trained_tokens_per_iteration": throughput.get("trained_tokens_per_iteration"),
         "rollout_wall_s": report["rollout_wall_s"],
         "step_tokens": r["step_tokens_spent"],
         "groups_cut": r["outcomes"]["cut"],

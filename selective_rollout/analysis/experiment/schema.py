@@ -16,6 +16,8 @@ METRICS = {
     "informative_per_hour": "informative groups trained per hour",
     "engine_wait_frac": "engines' share of time waiting",
     "learner_wait_frac": "learners' share of time waiting",
+    "learner_step_s": "learner step (s, mean per iteration)",
+    "trained_tokens_per_iteration": "trained tokens per iteration",
     "rollout_wall_s": "rollout wall-clock (s)",
     "step_tokens": "rollout step-tokens",
     "groups_cut": "groups cut",
