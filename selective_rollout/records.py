@@ -59,6 +59,9 @@ class Outcome(str, Enum):
     FILTERED = "filtered"  # ran to the end, dropped afterwards (e.g. DAPO zero variance)
     SKIPPED = "skipped"  # never started (pre-rollout skipping)
     FAILED = "failed"  # an engine or env worker died under it
+    # would have trained, but the weights that played it lag the learner's by more than
+    # driver.max_staleness when its batch trains (driver.pipeline=stream): dropped and counted
+    STALE = "stale"
 
     def trains(self, zero_variance: bool | None) -> bool:
         """Whether a group with this outcome reaches the learner: kept whole, or audited and

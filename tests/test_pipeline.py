@@ -159,3 +159,46 @@ def test_a_replaced_engine_forces_a_sync_before_the_next_rollout():
     pipe.take(2)
     pipe.prefetch(3)
     assert fake.events[-1] == "start 3 v1 @9"  # one sync cleared it: the bound rules again
+
+
+@pytest.mark.parametrize(
+    ("bound", "in_flight", "synced"), [(1, False, [1, 2, 3, 4]), (2, False, [2, 4]), (2, True, [1, 2, 3, 4])]
+)
+def test_a_stream_sends_updates_while_groups_play_as_often_as_its_bound_needs(bound, in_flight, synced):
+    """The stream never pauses for weights: an update is sent once the engines lag the learner by
+    the bound (every update at bound 1, every other at 2), or every update with sync_in_flight."""
+    from selective_rollout.records import GroupRecord, Outcome
+
+    fake, asked = FakeRun(), []
+
+    def take(iteration: int, learner_version: int) -> RolloutBatch:
+        asked.append((iteration, learner_version))
+        group = GroupRecord(f"it{iteration}-g1", "t", "x", [], Outcome.COMPLETED, iteration)
+        group.policy_version = max(0, learner_version - 1)
+        return RolloutBatch([], [group], {}, 0, stream_indices=[iteration])
+
+    pipe = RolloutPipeline(
+        "stream",
+        bound,
+        fake.start,
+        fake.wait,
+        fake.sync,
+        version=0,
+        cursor=0,
+        sync_in_flight=in_flight,
+        take_stream=take,
+    )
+    for it in range(4):
+        collected = pipe.take(it)
+        assert collected.version == max(0, it - 1)  # the oldest trained group's
+        pipe.prefetch(it + 1)  # nothing to prefetch: the stream plays on by itself
+        pipe.updated()
+    assert asked == [(0, 0), (1, 1), (2, 2), (3, 3)]  # each take says the version it trains at
+    assert fake.synced == synced and not any(e.startswith("start") for e in fake.events)
+    pipe.engines_replaced()  # a replaced engine: the stream syncs at once, not at a next rollout
+    assert fake.synced[-1] == 4 and pipe.engine_version == 4
+
+
+def test_a_stream_pipeline_needs_its_take():
+    with pytest.raises(ValueError, match="take_stream"):
+        RolloutPipeline("stream", 1, FakeRun().start, FakeRun().wait, FakeRun().sync, version=0, cursor=0)

@@ -63,7 +63,8 @@ def outcomes_by_lag(
 ) -> dict[int, dict[str, int]]:
     """Per version lag (the learner's version when the group's iteration trained, minus the
     version that played it): groups started, cut, audited and trained. The gate decides on groups
-    of every lag alike; this says what it did at each."""
+    of every lag alike; this says what it did at each. ``dropped``: trainable groups the stream
+    pipeline dropped because their lag exceeded the bound (STALE)."""
     learner = {
         int(m["iteration"]): int(m["pipeline/learner_version"])
         for m in metrics
@@ -78,8 +79,9 @@ def outcomes_by_lag(
         counts["cut"] += g.outcome is Outcome.CUT
         counts["audited"] += g.outcome is Outcome.AUDITED
         counts["trained"] += g.trained_on
+        counts["dropped"] += g.outcome is Outcome.STALE
     return {
-        lag: {k: counts[k] for k in ("started", "cut", "audited", "trained")}
+        lag: {k: counts[k] for k in ("started", "cut", "audited", "trained", "dropped")}
         for lag, counts in sorted(by_lag.items())
     }
 
@@ -94,7 +96,7 @@ def offpolicy_rows(
     weights."""
     if summary is None:
         return ["| pipeline | not recorded (a run logged before pipeline/* metrics) |"]
-    bound = f"staleness bound {max_staleness}" if pipeline == "async" else "staleness 0 by construction"
+    bound = f"staleness bound {max_staleness}" if pipeline != "sync" else "staleness 0 by construction"
     lags = ", ".join(f"lag {lag}: {n}" for lag, n in summary["groups_by_lag"].items()) or "no group trained"
     rows = [
         f"| pipeline | {pipeline} ({bound}); groups of the trained batches by version lag: {lags}; "

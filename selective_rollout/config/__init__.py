@@ -131,11 +131,12 @@ def load_config(
         cfg = RunConfig.model_validate(data or {})
     except ValidationError as exc:
         raise ConfigError(f"config error: {describe_errors(exc, hint=_did_you_mean)}") from None
-    if cfg.driver.pipeline == "async" and cfg.trainer.policy_loss == "ppo_clip":
+    if cfg.driver.pipelined and cfg.trainer.policy_loss == "ppo_clip":
         log.warning(
-            "config: driver.pipeline=async trains tokens sampled by older weights, and "
+            "config: driver.pipeline=%s trains tokens sampled by older weights, and "
             "trainer.policy_loss=ppo_clip does not correct for them; trainer.policy_loss=decoupled_ppo "
-            "weighs them by the truncated behaviour importance weight"
+            "weighs them by the truncated behaviour importance weight",
+            cfg.driver.pipeline,
         )
     if cfg.gate.name == "none":
         log.warning(

@@ -27,23 +27,25 @@ class DriverConfig(Section):
         description="stop with one clear line when a rollout or evaluation makes no progress (no token "
         "generated, no env step) for this long, instead of waiting forever",
     )
-    pipeline: Literal["sync", "async"] = Field(
+    pipeline: Literal["sync", "async", "stream"] = Field(
         "sync",
         description="sync: each iteration rolls out, then trains while the engines wait, then syncs; "
         "async: the next iteration's rollout runs on the engines while the learner trains on this "
-        "one, under weights at most driver.max_staleness updates old (selective_rollout.driver.pipeline)",
+        "one, under weights at most driver.max_staleness updates old; stream: groups play without a "
+        "break and fill batches as they settle, a group starts only within the bound and one that "
+        "settles beyond it is dropped as stale (selective_rollout.driver.pipeline)",
     )
     max_staleness: int = Field(
         1,
         ge=1,
-        description="async: how many learner updates a trained batch's rollout weights may lag "
-        "behind; the weights are synced only as often as the bound needs",
+        description="async, stream: how many learner updates a trained group's rollout weights may "
+        "lag behind; the weights are synced only as often as the bound needs",
     )
     sync_in_flight: bool = Field(
         False,
-        description="async: send each update to the engines as soon as it is made, while the next "
-        "rollout is in flight (its later turns, on vLLM its later tokens too, are sampled by the new "
-        "weights; each token carries its version), instead of between two rollouts",
+        description="async, stream: send each update to the engines as soon as it is made, while "
+        "groups are in flight (their later turns, on vLLM their later tokens too, are sampled by the "
+        "new weights; each token carries its version), instead of only when the bound needs it",
     )
     update_check: bool = Field(
         False,
@@ -52,12 +54,18 @@ class DriverConfig(Section):
         "rehearsals: it changes the policy the run starts from; selective_rollout.driver.update_check)",
     )
 
+    @property
+    def pipelined(self) -> bool:
+        """Rollouts and learner updates overlap (``async`` or ``stream``): trained tokens may be
+        sampled by older weights."""
+        return self.pipeline != "sync"
+
     @model_validator(mode="after")
-    def _in_flight_needs_async(self) -> "DriverConfig":
-        if self.sync_in_flight and self.pipeline != "async":
+    def _in_flight_needs_a_pipeline(self) -> "DriverConfig":
+        if self.sync_in_flight and not self.pipelined:
             raise ValueError(
-                "driver.sync_in_flight=true needs driver.pipeline=async: a sync pipeline has no "
-                "rollout in flight while the learner updates"
+                "driver.sync_in_flight=true needs driver.pipeline=async or stream: a sync pipeline "
+                "has no rollout in flight while the learner updates"
             )
         return self
 

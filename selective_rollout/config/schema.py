@@ -104,9 +104,9 @@ class RunConfig(Section):
         log-probs (``engine.rescore_choices``) pays a whole uncached prefill per reply for it; left
         unset, it does so exactly when the learner trains on the engine's log-probs: as the old
         policy (``trainer.old_logprobs: engine``), or as the behaviour policy of stale tokens
-        (``driver.pipeline: async`` with ``decoupled_ppo``). The dumped config says what ran."""
+        (``driver.pipeline: async`` or ``stream`` with ``decoupled_ppo``). The dumped config says what ran."""
         if "rescore_choices" in (self.engine.model_extra or {}) and self.engine.rescore_choices is None:
-            behaviour = self.driver.pipeline == "async" and self.trainer.policy_loss == "decoupled_ppo"
+            behaviour = self.driver.pipelined and self.trainer.policy_loss == "decoupled_ppo"
             self.engine.rescore_choices = self.trainer.old_logprobs == "engine" or behaviour
         return self
 

@@ -23,6 +23,7 @@ from selective_rollout.config import RunConfig, dump_config
 from selective_rollout.driver.actors import RunActors, check_resources
 from selective_rollout.driver.engine_stats import cache_metrics, engine_busy, engine_counters
 from selective_rollout.driver.logs import rewind_logs
+from selective_rollout.rollout.stream import StreamStart, advance
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Driver:
         self.state: dict[str, Any] = {
             "iteration": 0,
             "cursor": 0,  # the task stream's position after the last trained batch
+            "stream_settled": [],  # stream: indices above the cursor already settled and logged
             "eval": {},
             "wall_s": 0.0,
             "policy_version": 0,  # learner updates taken (the update check's included)
@@ -181,7 +183,9 @@ class Driver:
             version=int(self.state.get("policy_version", 0)),
             cursor=int(self.state["cursor"]),
             sync_in_flight=self.cfg.driver.sync_in_flight,
+            take_stream=self._take_stream if self.cfg.driver.pipeline == "stream" else None,
         )
+        self._stream_open = False
         self._taken: dict[str, dict[str, Any]] | None = None  # async: the engines' health at the last batch
 
     def _start_rollout(self, it: int, cursor: int, version: int) -> Any:
@@ -191,6 +195,35 @@ class Driver:
         window = int(cfg.rollout.groups_per_iteration * cfg.rollout.max_groups_factor) + 1
         stream = task_stream(self.train_tasks, cfg.driver.task_shuffle_seed, cursor)
         return self.coordinator.rollout.remote(list(itertools.islice(stream, window)), it, version)
+
+    def _take_stream(self, it: int, learner_version: int) -> Any:
+        """``driver.pipeline=stream``: batch ``it`` of the rollout service's stream, opened at the
+        first take from the state's stream position (a resumed run passes over what it settled)."""
+        import ray
+
+        cfg = self.cfg
+        if not self._stream_open:
+            start = StreamStart(
+                self.train_tasks,
+                cfg.driver.task_shuffle_seed,
+                int(self.state["cursor"]),
+                list(self.state.get("stream_settled", [])),
+                it,
+                cfg.driver.iterations - 1,
+                learner_version,
+                cfg.driver.max_staleness,
+            )
+            ray.get(self.coordinator.open_stream.remote(start), timeout=600)
+            self._stream_open = True
+        return self._wait_rollout(self.coordinator.take.remote(it, learner_version), it)
+
+    def close_stream(self) -> None:
+        """Stop the stream once the last batch is taken: what still plays would train nothing."""
+        import ray
+
+        if self._stream_open:
+            ray.get(self.coordinator.close_stream.remote(), timeout=600)
+            self._stream_open = False
 
     def _wait_rollout(self, ref: Any, it: int) -> Any:
         from selective_rollout.runtime import wait_for_coordinator
@@ -229,7 +262,13 @@ class Driver:
                 self.pipeline.updated()
         else:
             log.warning("iteration %d: no trainable group (all cut, filtered or failed); no update", it)
-        self.state["cursor"] += batch.tasks_consumed
+        if cfg.driver.pipeline == "stream":
+            settled = self.state.get("stream_settled", [])
+            self.state["cursor"], self.state["stream_settled"] = advance(
+                int(self.state["cursor"]), settled, batch.stream_indices
+            )
+        else:
+            self.state["cursor"] += batch.tasks_consumed
         self.state["policy_version"] = self.pipeline.learner_version
         if cfg.driver.eval_every and (it + 1) % cfg.driver.eval_every == 0 and it + 1 < cfg.driver.iterations:
             metrics.update(eval_metrics(self.evaluate(f"iteration {it + 1}")))
@@ -245,7 +284,7 @@ class Driver:
         before_rollout = healths if self._taken is None else self._taken
         env_steps = metrics.get("rollout/env_steps", 0.0)
         metrics.update(cache_metrics(engine_counters(before_rollout), engine_counters(taken), env_steps))
-        self._taken = taken if cfg.driver.pipeline == "async" else None
+        self._taken = taken if cfg.driver.pipelined else None
         busy = engine_busy_delta(engine_busy(healths), engine_busy(after))
         learner_busy = metrics.get("train/step_s", 0.0)
         metrics.update(idle_metrics(busy, len(self.engines), learner_busy, metrics["system/iteration_s"]))
@@ -316,6 +355,7 @@ class Driver:
                 kept=int(m.get("rollout/groups_completed", 0)),
                 success=f"{m.get('rollout/success_rate', 0):.2f}",
             )
+        self.close_stream()
         if "after" not in self.state["eval"]:
             after = eval_metrics(self.evaluate("after"))
             self.logger.log({**after, **self._sync_metrics()}, self.cfg.driver.iterations)

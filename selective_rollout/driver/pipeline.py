@@ -17,7 +17,14 @@ group's only where weights reached the engines mid-rollout.
   the bound; otherwise the engines are synced first. Staleness therefore never exceeds the bound,
   and no group is dropped for it.
 
-By default weights never move while a rollout is in flight, so a group is played under one
+- ``stream``: the rollout service plays groups without a break and fills batches as they settle
+  (``rollout/stream.py``); the learner takes a batch as soon as it is complete while the groups
+  started meanwhile play on. A group starts only within the bound (AReaL's rule) and one that
+  settles beyond it is dropped as STALE, counted; the weights are sent while groups play, as soon
+  as the engines lag the learner by ``driver.max_staleness`` (every update at bound 1), since the
+  stream never pauses for them.
+
+In ``async``, by default weights never move while a rollout is in flight, so a group is played under one
 version throughout. With ``driver.sync_in_flight`` (async only) each update is sent to the engines
 as soon as it is made, while the next rollout plays: its later turns (on vLLM, which recomputes a
 reply's KV, its later tokens too) are sampled by the newer weights, so staleness stays at most one
@@ -37,6 +44,7 @@ from selective_rollout.rollout.source import RolloutBatch
 
 Start = Callable[[int, int, int], Any]  # (iteration, task cursor, version) -> a handle on the rollout
 Wait = Callable[[Any, int], RolloutBatch]  # (handle, iteration) -> its batch
+Take = Callable[[int, int], RolloutBatch]  # stream: (iteration, learner version) -> its batch
 Sync = Callable[[int], float]  # send the learner's weights (this policy version) to the engines; seconds
 
 
@@ -64,7 +72,7 @@ class RolloutPipeline:
 
     def __init__(
         self,
-        kind: Literal["sync", "async"],
+        kind: Literal["sync", "async", "stream"],
         max_staleness: int,
         start: Start,
         wait: Wait,
@@ -72,12 +80,17 @@ class RolloutPipeline:
         version: int,
         cursor: int,
         sync_in_flight: bool = False,
+        take_stream: Take | None = None,
     ) -> None:
         """``version``: the learner's, which the engines serve at this point (they were just
         synced); ``cursor``: the task stream's position of the next rollout; ``sync_in_flight``:
-        send every update at once, a rollout in flight or not (``driver.sync_in_flight``)."""
+        send every update at once, a rollout in flight or not (``driver.sync_in_flight``);
+        ``take_stream``: how a ``stream`` pipeline takes a batch (``start`` and ``wait`` serve the
+        other two)."""
+        if kind == "stream" and take_stream is None:
+            raise ValueError("a stream pipeline needs take_stream")
         self.kind, self.max_staleness, self.sync_in_flight = kind, max_staleness, sync_in_flight
-        self._start, self._wait, self._sync = start, wait, sync
+        self._start, self._wait, self._sync, self._take_stream = start, wait, sync, take_stream
         self.learner_version = self.engine_version = version
         self.cursor = cursor
         self._in_flight: _InFlight | None = None
@@ -86,7 +99,14 @@ class RolloutPipeline:
         self._mixed = False  # a replaced engine serves newer weights than the others
 
     def take(self, iteration: int) -> Collected:
-        """This iteration's batch: the one prefetched for it, or rolled out now."""
+        """This iteration's batch: the one prefetched for it, rolled out now, or the stream's.
+        A stream's batch carries the oldest version among its trained groups."""
+        if self._take_stream is not None:
+            started = time.perf_counter()
+            batch = self._take_stream(iteration, self.learner_version)
+            versions = [g.policy_version for g in batch.groups if g.trained_on]
+            oldest = min(versions, default=self.engine_version)
+            return Collected(iteration, batch, oldest, time.perf_counter() - started)
         if self._ready is not None and self._ready.iteration == iteration:
             ready, self._ready = self._ready, None
             return ready
@@ -103,9 +123,15 @@ class RolloutPipeline:
     def updated(self) -> None:
         """The learner took an update: ``sync`` and ``sync_in_flight`` send it to the engines at
         once (the latter while a rollout may be in flight); ``async`` leaves it to the next
-        rollout's start (or an evaluation)."""
+        rollout's start (or an evaluation); ``stream`` sends it, groups in flight, once the
+        engines lag by the bound (the stream starts no group beyond it)."""
         self.learner_version += 1
-        if self.kind == "sync" or self.sync_in_flight:
+        lag = self.learner_version - self.engine_version
+        if (
+            self.kind == "sync"
+            or self.sync_in_flight
+            or (self.kind == "stream" and lag >= self.max_staleness)
+        ):
             self._sync_engines()
 
     def serve_latest(self) -> None:
@@ -120,8 +146,12 @@ class RolloutPipeline:
         """A dead engine was replaced and loaded the learner's latest weights, so the engines no
         longer serve one version: the next rollout starts after a sync, whatever the bound says
         (groups already retried on the replacement carry their rollout's version, though played
-        with newer weights; their importance weights use that engine's own log-probs)."""
-        self._mixed = True
+        with newer weights; their importance weights use that engine's own log-probs). A stream,
+        which has no next rollout, syncs now."""
+        if self.kind == "stream":
+            self._sync_engines()
+        else:
+            self._mixed = True
 
     def take_syncs(self) -> tuple[int, float]:
         """Syncs done and seconds they took since the last call (an iteration's)."""

@@ -28,6 +28,7 @@ from selective_rollout.rollout.group_run import GroupRun, TrajectoryRun
 from selective_rollout.rollout.scheduler import GroupScheduler
 from selective_rollout.rollout.service import RolloutService
 from selective_rollout.rollout.source import ROLLOUT_MODES, RolloutBatch
+from selective_rollout.rollout.stream import GroupStream, StreamStart
 from selective_rollout.rollout.turns import EngineHandle, GroupFailed
 
 if TYPE_CHECKING:
@@ -114,9 +115,27 @@ class CoordinatorActor(RolloutService):
         agent = Agent.from_model(cfg.agent, model_here(model_path), environment.prompt)
         self.coordinator = rollout_source(cfg, engines, self.pool, agent, run_dir)
         self.evaluator = rollout_source(evaluation_config(cfg), engines, self.pool, agent)
+        self.stream: GroupStream | None = None
 
     async def rollout(self, tasks: Sequence[Task], iteration: int, version: int = 0) -> RolloutBatch:
         return await self.coordinator.rollout(tasks, iteration, version)
+
+    async def open_stream(self, start: StreamStart) -> None:
+        from selective_rollout.runtime import task_stream
+
+        await self.close_stream()
+        tasks = task_stream(start.tasks, start.shuffle_seed, start.cursor)
+        self.stream = GroupStream(self.coordinator, tasks, start)
+
+    async def take(self, iteration: int, learner_version: int) -> RolloutBatch:
+        if self.stream is None:
+            raise RuntimeError("no stream is open: open_stream first (driver.pipeline=stream)")
+        return await self.stream.take(iteration, learner_version)
+
+    async def close_stream(self) -> None:
+        if self.stream is not None:
+            await self.stream.close()
+            self.stream = None
 
     async def evaluate(self, tasks: Sequence[Task]) -> list[GroupRecord]:
         batch = await self.evaluator.rollout(tasks, iteration=-1)
@@ -134,6 +153,8 @@ class CoordinatorActor(RolloutService):
 
     async def weights_updated(self, version: int) -> None:
         self.coordinator.version = self.evaluator.version = version
+        if self.stream is not None:
+            self.stream.weights_updated()
 
     async def progress(self) -> tuple[int, int]:
         (tokens, steps), (eval_tokens, eval_steps) = self.coordinator.progress(), self.evaluator.progress()
@@ -158,6 +179,7 @@ class CoordinatorActor(RolloutService):
         return {"coordinator": [here()], "env_workers": await self.pool.worker_locations()}
 
     async def shutdown(self) -> None:
+        await self.close_stream()
         self.coordinator.close()
         self.pool.shutdown()
 

@@ -6,6 +6,8 @@ worker died under it, tops the batch up with new tasks (``refill``), settles eac
 its lifecycle, logs it and lets the gate, the audit budget and the strategy learn from it. The
 run's trajectory stop rule and its audits are built here once and handed to every group. How
 one group is played is the subclass's ``play``; the per-turn machinery is a ``Turns`` it composes.
+The same steps (``refusal``, ``launch``, ``note_end``, ``settle``, ``write``) also serve a
+continuous stream of groups (``rollout.stream``, ``driver.pipeline=stream``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import time
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,21 +126,12 @@ class GroupScheduler(RolloutSource):
                 else:
                     task = tasks[cursor]
                     cursor += 1
-                    if task.task_id in self._bad_games:
-                        records.append(
-                            self._skipped_record(task, iteration, self.version, self._bad_games[task.task_id])
-                        )
+                    refused = self.refusal(task, iteration)
+                    if refused is not None:
+                        self.write(refused)
+                        records.append(refused)
                         continue
-                    if not self.strategy.admit(task.task_id):
-                        records.append(
-                            self._skipped_record(task, iteration, self.version, "skipped by the strategy")
-                        )
-                        continue
-                group = self._new_group(task, iteration)
-                group.policy_version = self.version
-                fut = asyncio.create_task(self._run(task, group))
-                self._active.add(fut)
-                fut.add_done_callback(self._active.discard)
+                fut, group = self.launch(task, iteration)
                 running[fut] = (task, group)
                 started += 1
             if not running:
@@ -149,25 +142,58 @@ class GroupScheduler(RolloutSource):
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
                 task, group = running.pop(fut)
-                exc = fut.exception()
-                if exc is not None and not isinstance(exc, GroupFailed):
+                try:
+                    retry = self.note_end(fut, task, group, retried)
+                except BaseException:
                     await _cancel_all(running)
-                    raise exc
-                if isinstance(exc, BadGame):
-                    self._bad_games[task.task_id] = str(exc)
-                    log.warning("%s; the task is skipped from now on", exc)
-                if exc is not None:
-                    group.life.fail(str(exc))
-                    if self.rc.retry_failed and task.task_id not in retried and not isinstance(exc, BadGame):
-                        retried.add(task.task_id)
-                        retries.append(task)
-                record, trained = self._settle(task, group, iteration)
+                    raise
+                if retry:
+                    retries.append(task)
+                record, trained = self.settle(task, group, iteration)
+                self.write(record)
                 records.append(record)
                 if trained:
                     kept.append(group)
-        metrics = self._metrics(records, time.perf_counter() - t0, start_tokens, start_steps)
+        metrics = self.batch_metrics(records, time.perf_counter() - t0, start_tokens, start_steps)
         experiences = [e for g in kept for e in g.experiences()]
         return RolloutBatch(experiences, records, metrics, cursor, [g.group_id for g in kept])
+
+    def refusal(self, task: Task, iteration: int) -> GroupRecord | None:
+        """The SKIPPED record of a task not to be played (a game known to be unplayable, or the
+        strategy's pre-rollout skip), or None to play it. Not yet logged (``write``)."""
+        if task.task_id in self._bad_games:
+            return self._skipped_record(task, iteration, self.version, self._bad_games[task.task_id])
+        if not self.strategy.admit(task.task_id):
+            return self._skipped_record(task, iteration, self.version, "skipped by the strategy")
+        return None
+
+    def launch(self, task: Task, iteration: int) -> tuple[asyncio.Task, GroupRun]:
+        """Open a group for ``task`` under the engines' version and start playing it."""
+        group = self._new_group(task, iteration)
+        group.policy_version = self.version
+        fut = asyncio.create_task(self._run(task, group))
+        self._active.add(fut)
+        fut.add_done_callback(self._active.discard)
+        return fut, group
+
+    def note_end(self, fut: asyncio.Task, task: Task, group: GroupRun, retried: set[str]) -> bool:
+        """Take note of a group's end: an unexpected error is raised; a dead worker fails the
+        group (a game that cannot load is remembered as unplayable). Returns whether its task
+        is played again (``rollout.retry_failed``, once per task and rollout)."""
+        exc = fut.exception()
+        if exc is None:
+            return False
+        if not isinstance(exc, GroupFailed):
+            raise exc
+        group.life.fail(str(exc))
+        if isinstance(exc, BadGame):
+            self._bad_games[task.task_id] = str(exc)
+            log.warning("%s; the task is skipped from now on", exc)
+            return False
+        if self.rc.retry_failed and task.task_id not in retried:
+            retried.add(task.task_id)
+            return True
+        return False
 
     async def _run(self, task: Task, group: GroupRun) -> None:
         await self.turns.open(task, group)
@@ -176,19 +202,32 @@ class GroupScheduler(RolloutSource):
         finally:
             await self.turns.close(group)
 
-    def _settle(self, task: Task, group: GroupRun, iteration: int) -> tuple[GroupRecord, bool]:
-        """Settle an ended group (its lifecycle decides, the strategy's ``keep`` its one input),
-        log it and let the strategy, the audit budget and the gate learn from it. Returns its
-        record and whether the learner gets it."""
+    def settle(
+        self,
+        task: Task,
+        group: GroupRun,
+        iteration: int,
+        too_stale: Callable[[GroupRun], bool] | None = None,
+    ) -> tuple[GroupRecord, bool]:
+        """Settle an ended group (its lifecycle decides, the strategy's ``keep`` its one input;
+        ``too_stale`` says whether a trainable group's weights lag too far to train it) and let
+        the strategy, the audit budget and the gate learn from it. Returns its record, not yet
+        logged (``write``), and whether the learner gets it."""
         verdict = group.settle(self.strategy.keep)
+        if verdict.trained and too_stale is not None and too_stale(group):
+            verdict = verdict.too_stale()
         self.strategy.observe(task.task_id, verdict.zero_variance)
         record = group.to_record(iteration, verdict)
         self.audits.observe(record, audit_chosen=group.life.audit_chosen)
         self.stop_audits.observe(record)
         self.gate.observe(record)  # a gate with memory (history, audits) learns here
+        return record, verdict.trained
+
+    def write(self, record: GroupRecord) -> None:
+        """Append a settled record to the run's rollouts log: at once in a rollout; when its
+        batch is taken in a stream (``rollout.stream``)."""
         if self.writer is not None:
             self.writer.write(record)
-        return record, verdict.trained
 
     def _new_group(self, task: Task, iteration: int) -> GroupRun:
         group_id = self._next_group_id(iteration)
@@ -207,7 +246,7 @@ class GroupScheduler(RolloutSource):
         return group
 
     def _skipped_record(self, task: Task, iteration: int, version: int, reason: str) -> GroupRecord:
-        record = GroupRecord(
+        return GroupRecord(
             self._next_group_id(iteration),
             task.task_id,
             task.task_type,
@@ -217,9 +256,6 @@ class GroupScheduler(RolloutSource):
             meta={"skipped": reason},
             policy_version=version,
         )
-        if self.writer is not None:
-            self.writer.write(record)
-        return record
 
     def _next_group_id(self, iteration: int) -> str:
         """``it3-g17``: the iteration in the id keeps ids unique across a resume, which restarts
@@ -241,7 +277,7 @@ class GroupScheduler(RolloutSource):
         return self.turns.tokens, self.turns.env_steps
 
     # ------------------------------------------------------------------ metrics
-    def _metrics(
+    def batch_metrics(
         self, records: list[GroupRecord], wall: float, tokens0: int, steps0: int
     ) -> dict[str, float]:
         outcomes = Counter(r.outcome for r in records)
@@ -259,6 +295,7 @@ class GroupScheduler(RolloutSource):
             "rollout/groups_filtered": float(outcomes[Outcome.FILTERED]),
             "rollout/groups_skipped": float(outcomes[Outcome.SKIPPED]),
             "rollout/groups_failed": float(outcomes[Outcome.FAILED]),
+            "rollout/groups_stale": float(outcomes[Outcome.STALE]),
             "rollout/zero_var_frac": sum(r.zero_variance for r in labelled) / len(labelled)
             if labelled
             else 0.0,

@@ -1,9 +1,10 @@
-"""The rollout side as the driver sees it: one contract for both pipelines.
+"""The rollout side as the driver sees it: one contract for every pipeline.
 
 The driver never reaches into the rollout source, the env pool or the engines' slots: it asks a
 ``RolloutService`` (the coordinator actor, ``rollout/coordinator.py``, is the one shipped) for a
-batch played under a given policy version, a held-out evaluation, the engines' health and their
-replacement, the environment's figures and a clean shutdown. ``driver.pipeline`` decides when
+batch played under a given policy version (or batches of a continuous stream), a held-out
+evaluation, the engines' health and their replacement, the environment's figures and a clean
+shutdown. ``driver.pipeline`` decides when
 these are asked (``driver/pipeline.py``), never how they are done; ``rollout.mode`` decides how a
 batch's groups are played (``ROLLOUT_MODES``).
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from selective_rollout.records import GroupRecord, Task
 from selective_rollout.rollout.source import RolloutBatch
+from selective_rollout.rollout.stream import StreamStart
 
 
 class RolloutService(ABC):
@@ -26,6 +28,20 @@ class RolloutService(ABC):
     async def rollout(self, tasks: Sequence[Task], iteration: int, version: int = 0) -> RolloutBatch:
         """One batch of settled groups from ``tasks`` (in order), played under policy ``version``
         (the learner updates the engines' weights have seen), for ``iteration``."""
+
+    @abstractmethod
+    async def open_stream(self, start: StreamStart) -> None:
+        """``driver.pipeline=stream``: start playing groups without a break from where ``start``
+        says, filling batches as groups settle, under the staleness bound (``rollout/stream.py``)."""
+
+    @abstractmethod
+    async def take(self, iteration: int, learner_version: int) -> RolloutBatch:
+        """The stream's batch ``iteration`` once complete, to be trained at ``learner_version``;
+        the groups playing meanwhile go on."""
+
+    @abstractmethod
+    async def close_stream(self) -> None:
+        """Stop the stream: groups in flight are cancelled and batches not taken never logged."""
 
     @abstractmethod
     async def evaluate(self, tasks: Sequence[Task]) -> list[GroupRecord]:

@@ -36,6 +36,8 @@ class RolloutBatch:
     metrics: dict[str, float]
     tasks_consumed: int  # how far the task cursor moved (skipped tasks included)
     kept_group_ids: list[str] = field(default_factory=list)
+    # a stream's batch (driver.pipeline=stream): the stream indices of the tasks it settled
+    stream_indices: list[int] = field(default_factory=list)
 
 
 class RolloutSource(ABC):

@@ -88,8 +88,8 @@ def test_the_gates_outcomes_are_counted_by_the_version_lag_they_were_trained_at(
     ]
     by_lag = outcomes_by_lag(groups, metrics)
     assert by_lag == {
-        0: {"started": 2, "cut": 1, "audited": 0, "trained": 1},
-        1: {"started": 2, "cut": 0, "audited": 1, "trained": 1},
+        0: {"started": 2, "cut": 1, "audited": 0, "trained": 1, "dropped": 0},
+        1: {"started": 2, "cut": 0, "audited": 1, "trained": 1, "dropped": 0},
     }
     rows = offpolicy_rows(offpolicy_summary([iteration(0, 0, 0.0)]), "async", 1, by_lag)
     assert (

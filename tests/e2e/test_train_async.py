@@ -19,8 +19,19 @@ from tests.e2e.test_train_arithmetic import arithmetic_config
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
-def test_async_pipeline_plays_ahead_within_the_staleness_bound(ray_cluster, tmp_path):
+def run_and_compare_weights(driver):
+    """Run the driver to its end and write its report; returns the report's path and the weight
+    checksums engine 0 serves and the learner holds (in the engine's dtype), to be compared."""
     import ray
+
+    driver.run()
+    report = report_run(driver)
+    served = ray.get(driver.engines[0].weights_checksum.remote())
+    dtype = engine_dtype(driver.cfg.engine.dtype, "cpu")
+    return report, served, driver.learner.weights_checksum(dtype if dtype != "auto" else None)
+
+
+def test_async_pipeline_plays_ahead_within_the_staleness_bound(ray_cluster, tmp_path):
 
     from selective_rollout.driver import Driver
 
@@ -39,11 +50,7 @@ def test_async_pipeline_plays_ahead_within_the_staleness_bound(ray_cluster, tmp_
     )
     driver = Driver(cfg, run_dir)
     try:
-        driver.run()
-        report = report_run(driver)
-        served = ray.get(driver.engines[0].weights_checksum.remote())
-        dtype = engine_dtype(cfg.engine.dtype, "cpu")
-        learner = driver.learner.weights_checksum(dtype if dtype != "auto" else None)
+        report, served, learner = run_and_compare_weights(driver)
         final_version = driver.pipeline.learner_version
     finally:
         driver.close()
