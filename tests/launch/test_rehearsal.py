@@ -40,7 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayNode,
 def rehearsal_overrides(name: str, games: Path, model: Path, pipeline: str = "sync") -> list[str]:
     """What differs from the recipe: the device, the size (the GPU smoke's, with two engines, two
     learners, two iterations and the recipe's G), the model and the data; and the pipeline, pinned
-    (``async`` trains with the decoupled-PPO correction)."""
+    (``async`` and ``stream`` train with the decoupled-PPO correction)."""
     device = [
         "engine.num_gpus=0",
         "placement.learner_num_gpus=0",
@@ -67,11 +67,12 @@ def rehearsal_overrides(name: str, games: Path, model: Path, pipeline: str = "sy
     pipelines = {
         "sync": ["driver.pipeline=sync"],
         "async": ["driver.pipeline=async", "driver.max_staleness=1", "trainer.policy_loss=decoupled_ppo"],
+        "stream": ["driver.pipeline=stream", "driver.max_staleness=1", "trainer.policy_loss=decoupled_ppo"],
     }
     return [f"name={name}", *model_fit, *device, *size, *pipelines[pipeline], *generated_data(games)]
 
 
-@pytest.mark.parametrize("pipeline", ["sync", "async"])
+@pytest.mark.parametrize("pipeline", ["sync", "async", "stream"])
 def test_the_gpu_recipe_runs_end_to_end_as_a_ray_job(
     cluster, tiny_games: Path, smollm2_path: Path, pipeline: str
 ) -> None:
@@ -100,7 +101,7 @@ def check_run_folder(run_dir: Path, ids: dict[str, str], log: str) -> None:
     assert (cfg["trainer"]["num_learners"], cfg["trainer"]["zero_stage"]) == (2, 2)
     assert cfg["trainer"]["lora"]["enabled"]
     # constrained replies are re-scored only where something trains on the engine's log-probs
-    assert cfg["engine"]["rescore_choices"] is (cfg["driver"]["pipeline"] == "async")
+    assert cfg["engine"]["rescore_choices"] is (cfg["driver"]["pipeline"] != "sync")
 
     placement = json.loads((run_dir / "placement.json").read_text())
     assert {loc["node_id"] for loc in placement["engines"]} == {ids["head"]}
@@ -123,6 +124,19 @@ def check_run_folder(run_dir: Path, ids: dict[str, str], log: str) -> None:
     if cfg["driver"]["pipeline"] == "sync":
         for m in updated:  # every update was synced at once and the served weights verified
             assert m["system/weight_sync_s"] > 0
+    elif cfg["driver"]["pipeline"] == "stream":
+        # at bound 1 every update is sent while the stream's groups play (vLLM paused, requests
+        # kept); every trained group within the bound, and the stale ones counted
+        for m in updated:
+            assert m["system/weight_sync_s"] > 0
+        bound = cfg["driver"]["max_staleness"]
+        assert all(m["pipeline/staleness"] <= bound for m in metrics)
+        learner = {m["iteration"]: m["pipeline/learner_version"] for m in metrics}
+        groups = [g for g in read_groups(run_dir / "rollouts.jsonl") if g.iteration in learner]
+        assert all(learner[g.iteration] - g.policy_version <= bound for g in groups if g.trained_on)
+        for m in metrics:
+            stale = [g for g in groups if g.iteration == m["iteration"] and g.outcome.value == "stale"]
+            assert m["rollout/groups_stale"] == len(stale)
     else:  # the second rollout was played during the first update, within the bound
         assert [m["pipeline/rollout_version"] for m in sorted(metrics, key=lambda m: m["iteration"])] == [
             1,

@@ -104,6 +104,7 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "rollout_wall_s": report["rollout_wall_s"],
         "step_tokens": r["step_tokens_spent"],
         "groups_cut": r["outcomes"]["cut"],
+        "groups_stale": r["outcomes"].get("stale", 0),  # none in a report written before the outcome
         "groups_kept": r["kept"],
         "informative_kept": informative,
         "rollout_s_per_informative": report["rollout_wall_s"] / informative if informative else None,

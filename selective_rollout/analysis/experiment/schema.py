@@ -21,6 +21,7 @@ METRICS = {
     "rollout_wall_s": "rollout wall-clock (s)",
     "step_tokens": "rollout step-tokens",
     "groups_cut": "groups cut",
+    "groups_stale": "groups dropped as stale (driver.pipeline=stream)",
     "groups_kept": "groups trained on",
     "informative_kept": "informative groups trained on",
     "rollout_s_per_informative": "rollout s per informative group",
