@@ -145,7 +145,7 @@ class GroupScheduler(RolloutSource):
                 try:
                     retry = self.note_end(fut, task, group, retried)
                 except BaseException:
-                    await _cancel_all(running)
+                    await cancel_all(running)
                     raise
                 if retry:
                     retries.append(task)
@@ -330,7 +330,8 @@ class GroupScheduler(RolloutSource):
             self.writer.close()
 
 
-async def _cancel_all(running: dict[asyncio.Task, Any]) -> None:
+async def cancel_all(running: dict[asyncio.Task, Any]) -> None:
+    """Cancel the groups in flight and wait until each has stopped."""
     for fut in running:
         fut.cancel()
     await asyncio.gather(*running, return_exceptions=True)

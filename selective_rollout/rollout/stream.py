@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from selective_rollout.records import GroupRecord, Outcome, Task
+from selective_rollout.rollout.scheduler import cancel_all
 from selective_rollout.rollout.source import RolloutBatch
 
 if TYPE_CHECKING:
@@ -130,9 +131,8 @@ class GroupStream:
     async def close(self) -> None:
         """Stop playing: the groups in flight are cancelled, unsettled batches never logged."""
         self._player.cancel()
-        for fut in self._running:
-            fut.cancel()
-        await asyncio.gather(self._player, *self._running, return_exceptions=True)
+        await asyncio.gather(self._player, return_exceptions=True)
+        await cancel_all(self._running)
         self._running.clear()
 
     def weights_updated(self) -> None:
@@ -152,9 +152,7 @@ class GroupStream:
             for fut in [f for f in self._running if f.done()]:
                 self._group_ended(fut)
                 if self._error is not None:
-                    for other in self._running:
-                        other.cancel()
-                    await asyncio.gather(*self._running, return_exceptions=True)
+                    await cancel_all(self._running)
                     self._running.clear()
                     return
 
