@@ -1,7 +1,7 @@
 """A/B experiments: arms x seeds on identical task streams, with paired bootstrap CIs.
 
     python -m selective_rollout.analysis.experiment --config configs/experiments/ab_cpu.yaml \\
-        [--out DIR] [--tiny] [--dry-run] [--seeds 0,1]
+        [--out DIR] [--tiny] [--dry-run] [--seeds 0,1] [--arms off,on]
 
 Every arm is a full training run (the driver, in this process, over one Ray cluster) from the
 same base config plus the arm's overrides. For a given seed every arm sees the same task
@@ -57,13 +57,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated: run only these of the file's seeds (the outputs cover them); a later "
         "run of more seeds into the same folder reads these runs back instead of training them again",
     )
+    parser.add_argument(
+        "--arms",
+        type=lambda text: text.split(","),
+        default=None,
+        help="comma-separated: run only these of the file's arms, at least two, the first kept in "
+        "the file's order being the reference; the outputs cover them, and runs already in the "
+        "folder are read back as with --seeds",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.dry_run:
-            print("\n".join(plan_experiment(args.config, args.out, args.tiny, args.seeds)))
+            print("\n".join(plan_experiment(args.config, args.out, args.tiny, args.seeds, args.arms)))
             return 0
-        report = run_experiment(args.config, args.out, args.tiny, args.seeds)
+        report = run_experiment(args.config, args.out, args.tiny, args.seeds, args.arms)
     except (ConfigError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -71,14 +71,17 @@ def before_eval_key(cfg: RunConfig) -> str:
 def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
     """True when ``run_dir`` holds a complete run of exactly ``cfg``; a different config is an error.
 
-    The ``placement`` section is left out of the comparison: it says where the actors run and on
-    which allocator, not what they compute, so an experiment resumed on another cluster layout (or
-    with ``placement.engine_allocator`` changed to get past an out-of-memory kill) is the same experiment."""
+    The ``placement`` section and ``driver.run_dir`` are left out of the comparison: they say where
+    the actors run, on which allocator and into which folder, not what they compute, so an
+    experiment resumed on another cluster layout (or with ``placement.engine_allocator`` changed to
+    get past an out-of-memory kill), or a run copied from another experiment's folder where an arm
+    of the same config ran, is the same run."""
     saved, report = run_dir / "config.yaml", run_dir / "report.json"
     if not saved.is_file():
         return False
     ran = RunConfig.model_validate(yaml.safe_load(saved.read_text()))
-    if ran.model_dump(exclude={"placement"}) != cfg.model_dump(exclude={"placement"}):
+    where = {"placement": True, "driver": {"run_dir"}}
+    if ran.model_dump(exclude=where) != cfg.model_dump(exclude=where):
         raise ConfigError(f"{run_dir} holds a run of a different config: pass another --out")
     if not report.is_file():
         return False
@@ -201,13 +204,19 @@ def run_overrides(
 
 
 def prepare(
-    path: str | Path, out: Path | None, tiny: bool, seeds: Sequence[int] | None = None
+    path: str | Path,
+    out: Path | None,
+    tiny: bool,
+    seeds: Sequence[int] | None = None,
+    arms: Sequence[str] | None = None,
 ) -> tuple[ExperimentConfig, Path, Path]:
-    """The experiment file loaded (shrunk by ``tiny_experiment`` with ``tiny``; with ``seeds``, only
-    those of its seeds), its base run config and its output folder: ``out``, else
-    ``runs/experiment-<name>`` (``-tiny`` appended with ``tiny``, so a tiny run never meets the
-    real experiment's runs)."""
+    """The experiment file loaded (shrunk by ``tiny_experiment`` with ``tiny``; with ``seeds`` or
+    ``arms``, only those of its seeds and arms), its base run config and its output folder:
+    ``out``, else ``runs/experiment-<name>`` (``-tiny`` appended with ``tiny``, so a tiny run never
+    meets the real experiment's runs)."""
     exp, base = load_experiment(path)
+    if arms is not None:
+        exp = select_arms(exp, arms, path)
     if seeds is not None:
         unknown = sorted(set(seeds) - set(exp.seeds))
         if unknown or not seeds:
@@ -222,13 +231,33 @@ def prepare(
     return (tiny_experiment(exp, out / "games") if tiny else exp), base, out
 
 
+def select_arms(exp: ExperimentConfig, arms: Sequence[str], path: str | Path) -> ExperimentConfig:
+    """``exp`` with only ``arms``, in the file's order (so its first kept arm is the reference the
+    others pair with); refused where a kept arm needs one left out (its gate memory, a ``versus``
+    comparison) or fewer than two would remain."""
+    unknown = sorted(set(arms) - set(exp.arms))
+    kept = [arm for arm in exp.arms if arm in set(arms)]
+    if unknown or len(kept) < 2:
+        raise ValueError(f"--arms {list(arms)}: name at least two of the experiment's arms {list(exp.arms)}")
+    needed = {src for arm in kept for src in exp.gate_memory.get(arm, [])} | set(exp.versus)
+    if missing := sorted(needed - set(kept)):
+        raise ValueError(
+            f"--arms: {path} compares or remembers arms {missing} (versus, gate_memory); keep them too"
+        )
+    return exp.model_copy(update={"arms": {arm: exp.arms[arm] for arm in kept}})
+
+
 def plan_experiment(
-    path: str | Path, out: Path | None = None, tiny: bool = False, seeds: Sequence[int] | None = None
+    path: str | Path,
+    out: Path | None = None,
+    tiny: bool = False,
+    seeds: Sequence[int] | None = None,
+    arms: Sequence[str] | None = None,
 ) -> list[str]:
     """``--dry-run``: one line per run the experiment would train, each run's config built and
     validated as the run builds it; nothing is trained or written. A gate memory's logs that its
     earlier arms have not written yet are left out of the config checked."""
-    exp, base, out = prepare(path, out, tiny, seeds)
+    exp, base, out = prepare(path, out, tiny, seeds, arms)
     lines = []
     for arm in exp.arms:
         for seed in exp.seeds:
@@ -244,11 +273,15 @@ def plan_experiment(
 
 
 def run_experiment(
-    path: str | Path, out: Path | None = None, tiny: bool = False, seeds: Sequence[int] | None = None
+    path: str | Path,
+    out: Path | None = None,
+    tiny: bool = False,
+    seeds: Sequence[int] | None = None,
+    arms: Sequence[str] | None = None,
 ) -> Path:
-    """Every arm on every seed (``seeds``: only those), then the outputs (the module's doc);
-    returns experiment.md."""
-    exp, base, out = prepare(path, out, tiny, seeds)
+    """Every arm on every seed (``seeds``, ``arms``: only those), then the outputs (the module's
+    doc); returns experiment.md."""
+    exp, base, out = prepare(path, out, tiny, seeds, arms)
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = [], []
     evals_by_arm: dict[str, dict[int, dict[str, Any]]] = {}

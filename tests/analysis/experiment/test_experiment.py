@@ -493,6 +493,9 @@ def test_a_finished_run_is_reused_only_for_the_same_config(tmp_path):
     # where and on which allocator the actors ran is not part of what the run computed
     moved = ["driver.iterations=2", "placement.engine_allocator=jemalloc", "placement.env_worker_spread=true"]
     assert finished_run(run, load_config("configs/cpu_default.yaml", moved))
+    # nor the folder it wrote into: an arm of the same config copied from another experiment's folder
+    copied = ["driver.iterations=2", f"driver.run_dir={tmp_path / 'elsewhere' / 'arm-s0'}"]
+    assert finished_run(run, load_config("configs/cpu_default.yaml", copied))
 
 
 @pytest.mark.slow
@@ -605,3 +608,21 @@ def test_seeds_runs_a_subset_of_the_files_seeds_and_refuses_others(capsys):
     # an arm whose gate remembers the other seeds' runs would be another run on fewer seeds
     assert main(["--config", "configs/experiments/ab_gates_cpu.yaml", "--dry-run", "--seeds", "0"]) == 2
     assert "gate_memory" in capsys.readouterr().err
+
+
+def test_arms_runs_a_subset_of_the_files_arms_and_refuses_what_they_need(capsys):
+    from selective_rollout.analysis.experiment import main
+
+    config = "configs/experiments/async_cpu.yaml"
+    assert main(["--config", config, "--dry-run", "--arms", "async_split,sync_split", "--seeds", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # the file's order kept: sync_split stays the reference the others pair with
+    assert [line.split(":")[0] for line in lines] == ["sync_split-s0", "async_split-s0"]
+    assert main(["--config", config, "--dry-run", "--arms", "sync_split,nope"]) == 2
+    assert "--arms ['sync_split', 'nope']: name at least two" in capsys.readouterr().err
+    assert main(["--config", config, "--dry-run", "--arms", "sync_split"]) == 2
+    capsys.readouterr()
+    # an arm whose gate remembers another arm's runs needs that arm
+    gates = "configs/experiments/ab_gates_cpu.yaml"
+    assert main(["--config", gates, "--dry-run", "--arms", "gate_off,history"]) == 2
+    assert "keep them too" in capsys.readouterr().err
