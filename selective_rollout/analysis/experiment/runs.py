@@ -22,6 +22,7 @@ from selective_rollout.analysis.experiment.schema import (
 )
 from selective_rollout.analysis.report import report_run
 from selective_rollout.config import ConfigError, RunConfig, load_config
+from selective_rollout.reporting.metrics_log import read_metrics
 
 log = logging.getLogger("selective_rollout.analysis.experiment")
 
@@ -90,9 +91,16 @@ def finished_run(run_dir: Path, cfg: RunConfig) -> bool:
 
 
 def arm_metrics(run_dir: Path) -> dict[str, Any]:
-    """The experiment's metrics of one finished run, from its report.json."""
+    """The experiment's metrics of one finished run, from its report.json and, for the training
+    curve (success, loss), its metrics.jsonl."""
     report = json.loads((run_dir / "report.json").read_text())
     r, ev = report["rollout"], report["eval"]
+    curve = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    played = [m["rollout/success_rate"] for m in curve if "rollout/success_rate" in m]
+    trained = [m for m in curve if "train/loss" in m]
+    # importance weights exist only where a run trained stale tokens (driver.pipeline async, stream)
+    weights = report.get("pipeline") or {}
+    weighted = "is_truncated_frac" in weights
     informative = r["informative_kept"]
     stops = r.get("trajectory_stops", {})  # a report written before trajectory stops has none
     throughput = report.get("throughput") or {}  # a report written before the idle figures has none
@@ -129,6 +137,12 @@ def arm_metrics(run_dir: Path) -> dict[str, Any]:
         "success_after": ev.get("after", {}).get("success_rate"),
         "success_gain": (report.get("eval_gain") or {}).get("mean"),
         "success_gain_ci_low": ((report.get("eval_gain") or {}).get("ci95") or [None])[0],
+        "train_success": sum(played) / len(played) if played else None,
+        "train_success_last": played[-1] if played else None,
+        "loss_abs_max": max((abs(m["train/loss"]) for m in trained), default=None),
+        "grad_norm_max": max((m["train/grad_norm"] for m in trained if "train/grad_norm" in m), default=None),
+        "is_within_cap": 1.0 - weights["is_truncated_frac"] if weighted else None,
+        "ess_min": weights.get("ess_min") if weighted else None,
     }
 
 

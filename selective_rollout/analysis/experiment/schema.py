@@ -41,6 +41,12 @@ METRICS = {
     "success_after": "held-out success after",
     "success_gain": "held-out change (after - before, paired per task)",
     "success_gain_ci_low": "held-out change: 95% CI low (over tasks)",
+    "train_success": "training success (sampled rollouts, mean over iterations)",
+    "train_success_last": "training success, last iteration",
+    "loss_abs_max": "largest |loss| of a learner step",
+    "grad_norm_max": "largest gradient norm of a learner step",
+    "is_within_cap": "stale tokens whose importance weight is within the cap",
+    "ess_min": "smallest effective sample size of a step (share)",
 }
 
 

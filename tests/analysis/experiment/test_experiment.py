@@ -150,6 +150,28 @@ def _report(tmp_path: Path, **rollout) -> Path:
     return run
 
 
+def test_the_training_curve_and_importance_weights_are_arm_metrics(tmp_path):
+    """What learning parity compares besides the held-out change: training success, the largest
+    loss and gradient, and the share of stale tokens whose importance weight stayed within the cap."""
+    run = _report(tmp_path / "async")
+    report = json.loads((run / "report.json").read_text())
+    report["pipeline"] = {"kind": "async", "is_truncated_frac": 0.004, "ess_min": 0.97}
+    (run / "report.json").write_text(json.dumps(report))
+    curve = [
+        {"iteration": -1, "eval/success_rate": 0.5},  # the held-out evaluation before training
+        {"iteration": 0, "rollout/success_rate": 0.25, "train/loss": -0.5, "train/grad_norm": 2.0},
+        {"iteration": 1, "rollout/success_rate": 0.75},  # no informative group: no learner step
+        {"iteration": 2, "rollout/success_rate": 0.5, "train/loss": 0.25, "train/grad_norm": 3.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in curve))
+    metrics = arm_metrics(run)
+    assert metrics["train_success"] == 0.5 and metrics["train_success_last"] == 0.5
+    assert (metrics["loss_abs_max"], metrics["grad_norm_max"]) == (0.5, 3.0)
+    assert metrics["is_within_cap"] == pytest.approx(0.996) and metrics["ess_min"] == 0.97
+    sync = arm_metrics(_report(tmp_path / "sync"))  # no stale token: no importance weight at all
+    assert sync["is_within_cap"] is None and sync["train_success"] is None
+
+
 def test_trajectory_stops_and_their_audited_label_precision_are_arm_metrics(tmp_path):
     stops = {"stopped": 7, "audited": 4, "label_right": 3}
     metrics = arm_metrics(_report(tmp_path, trajectory_stops=stops))
