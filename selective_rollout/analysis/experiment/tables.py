@@ -12,9 +12,10 @@ from selective_rollout.analysis.experiment.schema import METRICS
 from selective_rollout.analysis.policy_eval import per_task_changes
 from selective_rollout.stats import bootstrap_ci, cluster_bootstrap_ci
 
-# Metrics that are themselves signed changes: a difference of them relative to the reference's
-# value divides by a change that may be near zero or negative (+0.125 over -0.083 read "-150%").
-NO_RELATIVE = {"success_gain", "success_gain_ci_low"}
+# Metrics that are themselves signed changes, or a loss whose reference may sit at zero (a sync
+# run's ratio is exactly 1 at one step per batch): a difference of them relative to the
+# reference's value divides by something near zero or negative (+0.125 over -0.083 read "-150%").
+NO_RELATIVE = {"success_gain", "success_gain_ci_low", "loss_abs_max"}
 
 
 def held_out_changes(evals: dict[str, Any]) -> dict[str, float]:

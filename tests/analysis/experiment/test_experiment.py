@@ -77,6 +77,12 @@ def test_a_change_metric_has_no_relative_difference():
     assert diffs["success_gain_ci_low"]["mean_diff"] == pytest.approx(0.125)
     assert diffs["success_gain"]["rel"] is None and diffs["success_gain_ci_low"]["rel"] is None
     assert diffs["wall_s"]["rel"] == pytest.approx(-0.1)
+    # a sync run's loss sits at zero (its ratio is exactly 1): 0.009 over 3e-8 is no relative change
+    rows = [
+        {"arm": "sync", "seed": 0, "loss_abs_max": 3e-8},
+        {"arm": "async", "seed": 0, "loss_abs_max": 0.009},
+    ]
+    assert paired_differences(rows, ["sync", "async"], 100)[0]["rel"] is None
 
 
 def test_outputs_are_written(tmp_path):
