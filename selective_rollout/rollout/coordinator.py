@@ -55,7 +55,9 @@ class GroupCoordinator(GroupScheduler):
                 if group.life.stopped:
                     await self._cancel(group, loops)
                     loops = []
-        except GroupFailed:
+        except (GroupFailed, asyncio.CancelledError):
+            # failed, or cancelled from outside (a closed stream, a shutdown): the loops are tasks
+            # of their own and would play on, their requests decoding, unless stopped here
             await self._cancel(group, loops)
             raise
 

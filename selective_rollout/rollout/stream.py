@@ -101,6 +101,7 @@ class GroupStream:
         self._since = (time.perf_counter(), source.turns.tokens, source.turns.env_steps)
         source.version = version
         self._player = asyncio.create_task(self._play())
+        self._player.add_done_callback(lambda _: self._changed.set())  # a take waiting learns of it
 
     # ------------------------------------------------------------------ the learner's side
     async def take(self, iteration: int, learner_version: int) -> RolloutBatch:
@@ -112,7 +113,10 @@ class GroupStream:
             if self._error is not None:
                 raise self._error
             if self._player.done():
-                raise RuntimeError("the group stream stopped before its batch was complete")
+                error = None if self._player.cancelled() else self._player.exception()
+                raise RuntimeError(
+                    f"the group stream stopped before batch {iteration} was complete: {error!r}"
+                ) from error
             self._changed.clear()
             await self._changed.wait()
         batch = self._batches.pop(iteration)

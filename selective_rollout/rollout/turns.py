@@ -155,6 +155,13 @@ class Turns:
             raise GroupFailed(f"engine {group.engine_index} died during {request_id}: {exc}") from exc
         except RayTaskError as exc:  # the request failed; the engine lives on
             raise GroupFailed(f"engine {group.engine_index} failed {request_id}: {exc}") from exc
+        except asyncio.CancelledError:
+            # cancelled from outside (a closed stream, a shutdown): a Ray call is not cancelled
+            # with its caller, and the engine would decode the request to its end beside
+            # whatever it serves next (the final evaluation's greedy episodes)
+            if traj.request_id is not None:  # not yet aborted with its group (``abort``)
+                await self._abort(group, [request_id])
+            raise
         finally:
             traj.request_id = None
         out = completion.outputs[0]
@@ -233,10 +240,15 @@ class Turns:
     async def abort(self, group: GroupRun) -> None:
         """Abort the group's requests in flight (it was cut)."""
         in_flight = [t.request_id for t in group.trajectories if t.request_id]
-        if not in_flight:
+        for traj in group.trajectories:
+            traj.request_id = None  # aborted: a cancelled ``generate`` need not abort it again
+        await self._abort(group, in_flight)
+
+    async def _abort(self, group: GroupRun, request_ids: list[str]) -> None:
+        if not request_ids or self.slots.is_dead(group.engine_index):
             return
         try:
-            await self.slots[group.engine_index].abort.remote(in_flight)
+            await self.slots[group.engine_index].abort.remote(request_ids)
         except WORKER_DIED:
             log.warning("engine %d died while aborting %s", group.engine_index, group.group_id)
 

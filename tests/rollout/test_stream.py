@@ -166,3 +166,54 @@ def test_a_stream_resumed_at_a_cursor_plays_the_unsettled_tasks_only(tmp_path):
         source.close()
 
     asyncio.run(main())
+
+
+def test_a_take_waiting_on_a_stream_whose_player_died_raises_its_error_at_once(tmp_path):
+    """The player failing outside a group (here the strategy's refusal raising for the second
+    task) ends the stream: the take waiting for its batch raises the player's error instead of
+    waiting for groups that will never be started."""
+
+    async def main():
+        stream, source, _ = _stream(
+            tmp_path, ["early_win", "diverge_mixed"], ["rollout.max_groups_in_flight=8"], held=["early_win"]
+        )
+        refusal = source.refusal
+
+        def refuse_second(task, iteration):
+            if task.task_id == "diverge_mixed":
+                raise ValueError("the strategy's state is corrupt")
+            return refusal(task, iteration)
+
+        source.refusal = refuse_second
+        try:
+            await asyncio.wait_for(stream.take(0, learner_version=0), timeout=30)
+        except RuntimeError as exc:
+            assert "stopped before batch 0 was complete" in str(exc)
+            assert isinstance(exc.__cause__, ValueError)
+        else:
+            raise AssertionError("the take returned a batch the stream never completed")
+        await stream.close()
+        source.close()
+
+    asyncio.run(main())
+
+
+def test_closing_a_stream_aborts_the_requests_of_its_groups_in_flight(tmp_path):
+    """A stream closed after its last take cancels the groups still playing; their requests are
+    aborted on the engine too (a Ray call is not cancelled with its caller), so none decodes on
+    beside the final evaluation, and no trajectory loop is left running."""
+
+    async def main():
+        stream, source, engine = _stream(tmp_path, ["early_win"], held=["early_win"])
+        await _until(lambda: len(stream._running) == 2, "both groups the bound allows started")
+        await asyncio.sleep(0.1)  # its two trajectories are waiting on the engine
+        before = set(asyncio.all_tasks())
+        await stream.close()
+        # bound 1: two groups of two trajectories were playing; each request aborted once
+        assert sorted(engine.aborted) == [f"it0-g{g}-t{t}-s0" for g in (1, 2) for t in (0, 1)]
+        await asyncio.sleep(0.05)
+        left = {t for t in asyncio.all_tasks() - {asyncio.current_task()} if t in before and not t.done()}
+        assert not left, f"tasks still running after close: {left}"
+        source.close()
+
+    asyncio.run(main())
