@@ -238,7 +238,7 @@ class Turns:
         group.after_step(traj)
 
     async def abort(self, group: GroupRun) -> None:
-        """Abort the group's requests in flight (it was cut)."""
+        """Abort the group's requests in flight (it was cut, failed or cancelled from outside)."""
         in_flight = [t.request_id for t in group.trajectories if t.request_id]
         for traj in group.trajectories:
             traj.request_id = None  # aborted: a cancelled ``generate`` need not abort it again
