@@ -17,7 +17,7 @@ import logging
 import time
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +106,7 @@ class GroupScheduler(RolloutSource):
         start_tokens, start_steps, t0 = self.turns.tokens, self.turns.env_steps, time.perf_counter()
         cursor, started = 0, 0
         retries: list[Task] = []
-        retried: set[str] = set()
+        retried: set[Hashable] = set()
         kept: list[GroupRun] = []
         records: list[GroupRecord] = []
         running: dict[asyncio.Task, tuple[Task, GroupRun]] = {}
@@ -143,7 +143,7 @@ class GroupScheduler(RolloutSource):
             for fut in done:
                 task, group = running.pop(fut)
                 try:
-                    retry = self.note_end(fut, task, group, retried)
+                    retry = self.note_end(fut, task, group, retried, task.task_id)
                 except BaseException:
                     await cancel_all(running)
                     raise
@@ -176,10 +176,14 @@ class GroupScheduler(RolloutSource):
         fut.add_done_callback(self._active.discard)
         return fut, group
 
-    def note_end(self, fut: asyncio.Task, task: Task, group: GroupRun, retried: set[str]) -> bool:
+    def note_end(
+        self, fut: asyncio.Task, task: Task, group: GroupRun, retried: set[Hashable], key: Hashable
+    ) -> bool:
         """Take note of a group's end: an unexpected error is raised; a dead worker fails the
         group (a game that cannot load is remembered as unplayable). Returns whether its task
-        is played again (``rollout.retry_failed``, once per task and rollout)."""
+        is played again (``rollout.retry_failed``): once per ``key`` in ``retried``, the keys
+        of the tasks already retried (a task's id within one batch; its stream index in a
+        stream, where a task's failed tries can straddle batches)."""
         exc = fut.exception()
         if exc is None:
             return False
@@ -190,8 +194,8 @@ class GroupScheduler(RolloutSource):
             self._bad_games[task.task_id] = str(exc)
             log.warning("%s; the task is skipped from now on", exc)
             return False
-        if self.rc.retry_failed and task.task_id not in retried:
-            retried.add(task.task_id)
+        if self.rc.retry_failed and key not in retried:
+            retried.add(key)
             return True
         return False
 

@@ -12,8 +12,9 @@ started meanwhile play on, so a slot a cut frees goes at once to a group of a la
 **Staleness bound (AReaL's rule).** A batch is trained at the learner version its take reports;
 the batches after it at one version more each (a projection: an update the learner skips makes
 the truth smaller, never larger). A group is started only while the batch it would land in, were
-every group ahead of it trainable, would train within ``max_staleness`` versions of the weights
-the engines serve now. Groups settle out of order, so a long group can still land in a later batch
+every group ahead of it trainable (and the batch being filled closed by its cap of started groups
+or its window of tasks where those are nearer), would train within ``max_staleness`` versions of
+the weights the engines serve now. Groups settle out of order, so a long group can still land in a later batch
 than that: when it settles, a trainable group whose projected lag exceeds the bound is dropped as
 STALE (logged and counted, ``rollout/groups_stale``), and no trained token is ever older than the
 bound.
@@ -91,7 +92,7 @@ class GroupStream:
         passed = set(start.settled)
         self._tasks = ((i, t) for i, t in enumerate(tasks, start=cursor) if i not in passed)
         self._retries: list[tuple[int, Task]] = []
-        self._retried: set[str] = set()  # tasks retried in the batch being filled
+        self._retried: set[int] = set()  # stream indices whose task was played again
         self._batches: dict[int, _Batch] = {first_iteration: _Batch()}
         self._filling = self._next_take = first_iteration
         self._base = version  # the learner version batch ``_next_take`` trains at
@@ -126,7 +127,6 @@ class GroupStream:
         metrics = self.source.batch_metrics(batch.records, time.perf_counter() - started, tokens, steps)
         self._since = (time.perf_counter(), self.source.turns.tokens, self.source.turns.env_steps)
         self._next_take, self._base = iteration + 1, learner_version + 1
-        self._retried.clear()
         self._wake.set()  # the bound moved on: more groups may start
         experiences = [e for g in batch.kept for e in g.experiences()]
         kept_ids = [g.group_id for g in batch.kept]
@@ -184,7 +184,7 @@ class GroupStream:
     def _group_ended(self, fut: asyncio.Task) -> None:
         index, task, group = self._running.pop(fut)
         try:
-            retry = self.source.note_end(fut, task, group, self._retried)
+            retry = self.source.note_end(fut, task, group, self._retried, index)
         except BaseException as exc:  # not a dead worker: the take that waits raises it
             self._error = exc
             self._changed.set()
@@ -218,9 +218,16 @@ class GroupStream:
             self._changed.set()
 
     def _landing(self) -> int:
-        """The batch a group started now lands in, were every group ahead of it trainable."""
-        ahead = len(self._batches[self._filling].kept) + len(self._running)
-        return self._filling + ahead // self.target
+        """The batch a group started now lands in, were every group ahead of it trainable: the
+        latest it can land, but for groups started after it settling first. The batch being
+        filled has room for fewer groups than its target lacks when its cap of started groups or
+        its window of tasks is nearer; every later batch for ``target``."""
+        batch = self._batches[self._filling]
+        room = min(self.target - len(batch.kept), self.cap - batch.started, self.window - len(batch.records))
+        ahead = len(self._running)
+        if ahead < room:
+            return self._filling
+        return self._filling + 1 + (ahead - room) // self.target
 
     def _projected(self, iteration: int) -> int:
         """The learner version batch ``iteration`` trains at (one update per batch taken)."""

@@ -1,7 +1,8 @@
 """The continuous stream of groups (``driver.pipeline=stream``) with the scripted doubles of the
 coordinator's unit tests: batches fill in the order groups settle, the staleness bound stops
-admission under a slow learner, a group that settles late beyond the bound is dropped as STALE,
-and a resumed stream passes over the tasks already settled.
+admission under a slow learner (counting the room a batch's cap leaves), a group that settles
+late beyond the bound is dropped as STALE, a failed task is played again once across takes, and
+a resumed stream passes over the tasks already settled.
 
 Engines hold a game's replies on an event the test sets, so every order asserted here is made
 certain, not timed.
@@ -214,6 +215,92 @@ def test_closing_a_stream_aborts_the_requests_of_its_groups_in_flight(tmp_path):
         await asyncio.sleep(0.05)
         left = {t for t in asyncio.all_tasks() - {asyncio.current_task()} if t in before and not t.done()}
         assert not left, f"tasks still running after close: {left}"
+        source.close()
+
+    asyncio.run(main())
+
+
+def test_admission_counts_the_room_a_batch_has_left_under_its_cap(tmp_path):
+    """Two trainable groups per batch, a cap of three started, bound 1, the engines at version 0:
+    batches 0 and 1 may be played. Two groups of batch 0 are filtered (all lose) while two held
+    ones play on, so batch 0 has room for one more group, not two: of the held ones, one closes
+    batch 0 and one joins batch 1, so only one more group may start. Were the room counted as two,
+    a fourth held group would start, land in batch 2 (trained at version 2) and be dropped as stale."""
+
+    async def main():
+        games = ["converge_lose", "converge_lose", "diverge_mixed", "diverge_mixed", "diverge_mixed"]
+        overrides = [
+            "rollout.strategy=dapo",
+            "rollout.groups_per_iteration=2",
+            "rollout.max_groups_factor=1.5",
+            "rollout.max_groups_in_flight=8",
+        ]
+        stream, source, engine = _stream(tmp_path, games, overrides, held=["diverge_mixed"])
+        await _until(lambda: len(stream._batches[0].records) == 2, "the two filtered groups settled")
+        await asyncio.sleep(0.2)  # the player has run: nothing else may have started
+        assert [r.outcome for r in stream._batches[0].records] == [Outcome.FILTERED] * 2
+        assert source._group_seq == 5 and len(stream._running) == 3
+        engine.held["diverge_mixed"].set()
+        first = await stream.take(0, learner_version=0)
+        second = await stream.take(1, learner_version=1)
+        assert len(first.kept_group_ids) == 1 and len(second.kept_group_ids) == 2
+        assert all(r.outcome is not Outcome.STALE for r in [*first.groups, *second.groups])
+        await stream.close()
+        source.close()
+
+    asyncio.run(main())
+
+
+@dataclass
+class FailingGameEngine(HeldEngine):
+    """Fails every request of one game (Ray's RayTaskError; the engine lives): a group's first
+    try at once, every later try only once the test releases it."""
+
+    failing: str = "converge_win"
+    retries_fail: asyncio.Event = field(default_factory=asyncio.Event)
+    tries: set[str] = field(default_factory=set)
+
+    async def _generate(self, request_id, prompt, sampling, session_id=None):
+        from ray.exceptions import RayTaskError
+
+        if GAMES[prompt[0]] != self.failing:
+            return await super()._generate(request_id, prompt, sampling, session_id)
+        group = request_id.split("-")[1]
+        self.tries.add(group)
+        if len(self.tries) > 1 and group != min(self.tries, key=lambda g: int(g[1:])):
+            await self.retries_fail.wait()
+        raise RayTaskError("generate", "tb", ValueError(f"cannot serve {request_id}"))
+
+
+def test_a_failed_task_is_played_again_once_even_when_its_tries_straddle_a_take(tmp_path):
+    """The task's first try fails into batch 0 and its retry is still playing when batch 0 is
+    taken; the retry fails too, into batch 1, and the task is not played a third time."""
+
+    async def main():
+        games = ["converge_win", "diverge_mixed"]
+        cfg = load_config(
+            None,
+            [
+                "rollout.group_size=2",
+                "rollout.strategy=none",
+                "rollout.groups_per_iteration=1",
+                "rollout.max_groups_in_flight=2",
+            ],
+        )
+        engine = FailingGameEngine(SCRIPTS, delay=0.001)
+        source = rollout_source(cfg, [engine], ScriptedEnv(), ScriptedAgent(), tmp_path)
+        tasks = [folder_task(g, g, "pick_and_place_simple") for g in games]
+        endless = iter([tasks[0], *[tasks[1]] * 100])  # the failing task once
+        stream = GroupStream(source, endless, StreamStart(tasks, 0, 0, [], 0, 9, 0, 9))
+        first = await stream.take(0, learner_version=0)
+        assert (first.groups[0].task_id, first.groups[0].outcome) == ("converge_win", Outcome.FAILED)
+        assert len(engine.tries) == 2  # the retry is playing, held
+        engine.retries_fail.set()
+        later = [await stream.take(i, learner_version=i) for i in (1, 2, 3)]
+        played = [r for b in (first, *later) for r in b.groups if r.task_id == "converge_win"]
+        assert [r.outcome for r in played] == [Outcome.FAILED, Outcome.FAILED]
+        assert {r.meta["stream_index"] for r in played} == {0} and len(engine.tries) == 2
+        await stream.close()
         source.close()
 
     asyncio.run(main())
