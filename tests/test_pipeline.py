@@ -162,20 +162,33 @@ def test_a_replaced_engine_forces_a_sync_before_the_next_rollout():
 
 
 @pytest.mark.parametrize(
-    ("bound", "in_flight", "synced"), [(1, False, [1, 2, 3, 4]), (2, False, [2, 4]), (2, True, [1, 2, 3, 4])]
+    ("bound", "in_flight", "synced", "versions"),
+    [
+        (1, False, [1, 2, 3, 4], [0, 0, 1, 2]),
+        (2, False, [2, 4], [0, 0, 0, 2]),
+        (2, True, [1, 2, 3, 4], [0, 0, 1, 2]),
+    ],
 )
-def test_a_stream_sends_updates_while_groups_play_as_often_as_its_bound_needs(bound, in_flight, synced):
+def test_a_stream_sends_updates_while_groups_play_as_often_as_its_bound_needs(
+    bound, in_flight, synced, versions
+):
     """The stream never pauses for weights: an update is sent once the engines lag the learner by
-    the bound (every update at bound 1, every other at 2), or every update with sync_in_flight."""
+    the bound (every update at bound 1, every other at 2), or every update with sync_in_flight.
+    The fake stream plays under the weights last synced: each batch holds a group played before
+    the previous take and one played just now, and trains at the older one's version."""
     from selective_rollout.records import GroupRecord, Outcome
 
-    fake, asked = FakeRun(), []
+    fake, asked, served = FakeRun(), [], [0]  # served: the engines' version at each take
 
     def take(iteration: int, learner_version: int) -> RolloutBatch:
         asked.append((iteration, learner_version))
-        group = GroupRecord(f"it{iteration}-g1", "t", "x", [], Outcome.COMPLETED, iteration)
-        group.policy_version = max(0, learner_version - 1)
-        return RolloutBatch([], [group], {}, 0, stream_indices=[iteration])
+        served.append(fake.synced[-1] if fake.synced else 0)
+        groups = []
+        for g, version in enumerate(served[-2:]):
+            group = GroupRecord(f"it{iteration}-g{g}", "t", "x", [], Outcome.COMPLETED, iteration)
+            group.policy_version = version
+            groups.append(group)
+        return RolloutBatch([], groups, {}, 0, stream_indices=[iteration])
 
     pipe = RolloutPipeline(
         "stream",
@@ -188,11 +201,14 @@ def test_a_stream_sends_updates_while_groups_play_as_often_as_its_bound_needs(bo
         sync_in_flight=in_flight,
         take_stream=take,
     )
+    taken = []
     for it in range(4):
         collected = pipe.take(it)
-        assert collected.version == max(0, it - 1)  # the oldest trained group's
+        taken.append(collected.version)  # the oldest trained group's
+        assert pipe.learner_version - collected.version <= bound
         pipe.prefetch(it + 1)  # nothing to prefetch: the stream plays on by itself
         pipe.updated()
+    assert taken == versions
     assert asked == [(0, 0), (1, 1), (2, 2), (3, 3)]  # each take says the version it trains at
     assert fake.synced == synced and not any(e.startswith("start") for e in fake.events)
     pipe.engines_replaced()  # a replaced engine: the stream syncs at once, not at a next rollout

@@ -50,8 +50,8 @@ def test_a_stream_run_trains_every_group_within_the_bound(ray_cluster, tmp_path)
         for g in batch:
             lag = m["pipeline/learner_version"] - g.policy_version
             assert lag <= 1 if g.trained_on else True, (it, g.group_id, lag)
-            if g.outcome.value == "stale":
-                assert lag > 1
+            if g.outcome.value == "stale":  # timing decides whether any arise here; a stale
+                assert lag > 1  # drop is made certain in tests/rollout/test_stream.py
     # every task of the stream was settled once: indices 0..cursor-1 and the settled ones above
     indices = Counter(g.meta["stream_index"] for g in groups if g.outcome.value != "failed")
     assert max(indices.values()) == 1
