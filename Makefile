@@ -136,7 +136,7 @@ experiment-stream: install
 	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/stream_cpu.yaml
 
 # Learning parity: async (staleness 1, decoupled PPO) beside sync on the learning profile at lr 1e-5
-# (configs/experiments/async_parity_cpu.yaml; ~30 min per seed; results in runs/experiment-async-parity-cpu/).
+# (configs/experiments/async_parity_cpu.yaml; ~45 min per seed; results in runs/experiment-async-parity-cpu/).
 experiment-async-parity: install
 	$(PY) -m selective_rollout.analysis.experiment --config configs/experiments/async_parity_cpu.yaml
 
