@@ -143,7 +143,7 @@ class GroupScheduler(RolloutSource):
             for fut in done:
                 task, group = running.pop(fut)
                 try:
-                    retry = self.note_end(fut, task, group, retried, task.task_id)
+                    retry = self.note_end(fut, task, group, retried)
                 except BaseException:
                     await cancel_all(running)
                     raise
@@ -177,13 +177,18 @@ class GroupScheduler(RolloutSource):
         return fut, group
 
     def note_end(
-        self, fut: asyncio.Task, task: Task, group: GroupRun, retried: set[Hashable], key: Hashable
+        self,
+        fut: asyncio.Task,
+        task: Task,
+        group: GroupRun,
+        retried: set[Hashable],
+        key: Hashable | None = None,
     ) -> bool:
         """Take note of a group's end: an unexpected error is raised; a dead worker fails the
         group (a game that cannot load is remembered as unplayable). Returns whether its task
         is played again (``rollout.retry_failed``): once per ``key`` in ``retried``, the keys
-        of the tasks already retried (a task's id within one batch; its stream index in a
-        stream, where a task's failed tries can straddle batches)."""
+        of the tasks already retried (by default the task's id, unique within one batch; its
+        stream index in a stream, where a task's failed tries can straddle batches)."""
         exc = fut.exception()
         if exc is None:
             return False
@@ -194,6 +199,7 @@ class GroupScheduler(RolloutSource):
             self._bad_games[task.task_id] = str(exc)
             log.warning("%s; the task is skipped from now on", exc)
             return False
+        key = task.task_id if key is None else key
         if self.rc.retry_failed and key not in retried:
             retried.add(key)
             return True

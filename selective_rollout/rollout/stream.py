@@ -198,6 +198,8 @@ class GroupStream:
         )
         if retry:
             self._retries.append((index, task))
+        else:
+            self._retried.discard(index)  # its last try: the index is never played again
         self._place(index, record, group if trained else None, settled=not retry)
 
     def _place(self, index: int, record: GroupRecord, kept: GroupRun | None, settled: bool = True) -> None:

@@ -228,7 +228,7 @@ def test_admission_counts_the_room_a_batch_has_left_under_its_cap(tmp_path):
     a fourth held group would start, land in batch 2 (trained at version 2) and be dropped as stale."""
 
     async def main():
-        games = ["converge_lose", "converge_lose", "diverge_mixed", "diverge_mixed", "diverge_mixed"]
+        games = ["converge_lose", "converge_lose", *["diverge_mixed"] * 4]
         overrides = [
             "rollout.strategy=dapo",
             "rollout.groups_per_iteration=2",
@@ -287,14 +287,16 @@ def test_a_failed_task_is_played_again_once_even_when_its_tries_straddle_a_take(
                 "rollout.max_groups_in_flight=2",
             ],
         )
-        engine = FailingGameEngine(SCRIPTS, delay=0.001)
+        engine = FailingGameEngine(SCRIPTS, delay=0.001, held={"diverge_mixed": asyncio.Event()})
         source = rollout_source(cfg, [engine], ScriptedEnv(), ScriptedAgent(), tmp_path)
         tasks = [folder_task(g, g, "pick_and_place_simple") for g in games]
         endless = iter([tasks[0], *[tasks[1]] * 100])  # the failing task once
         stream = GroupStream(source, endless, StreamStart(tasks, 0, 0, [], 0, 9, 0, 9))
+        await _until(lambda: len(engine.tries) == 2, "the first try failed and the retry plays, held")
+        engine.held["diverge_mixed"].set()  # now batch 0 can complete
         first = await stream.take(0, learner_version=0)
         assert (first.groups[0].task_id, first.groups[0].outcome) == ("converge_win", Outcome.FAILED)
-        assert len(engine.tries) == 2  # the retry is playing, held
+        assert len(engine.tries) == 2 and stream._running  # the retry still plays, held
         engine.retries_fail.set()
         later = [await stream.take(i, learner_version=i) for i in (1, 2, 3)]
         played = [r for b in (first, *later) for r in b.groups if r.task_id == "converge_win"]
