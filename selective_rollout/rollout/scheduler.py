@@ -187,8 +187,8 @@ class GroupScheduler(RolloutSource):
         """Take note of a group's end: an unexpected error is raised; a dead worker fails the
         group (a game that cannot load is remembered as unplayable). Returns whether its task
         is played again (``rollout.retry_failed``): once per ``key`` in ``retried``, the keys
-        of the tasks already retried (by default the task's id, unique within one batch; its
-        stream index in a stream, where a task's failed tries can straddle batches)."""
+        of the tasks already retried (by default the task's id, as in one batch; its stream
+        index in a stream, where a task's failed tries can straddle batches)."""
         exc = fut.exception()
         if exc is None:
             return False
